@@ -1,0 +1,1 @@
+"""cluster-runtime: tf.distribute's programming model over processes, gRPC and NCCL."""

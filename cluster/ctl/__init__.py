@@ -1,0 +1,1 @@
+"""``clusterctl``: launch, validate and render cluster files."""

@@ -1,0 +1,1 @@
+"""The parameter-server process entry point (``python -m ps``)."""

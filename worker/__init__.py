@@ -1,0 +1,1 @@
+"""The chief/worker process entry point (``python -m worker``)."""
