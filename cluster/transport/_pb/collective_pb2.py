@@ -22,34 +22,27 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from cluster.transport._pb import tensor_pb2 as cluster_dot_transport_dot___pb_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cluster/transport/_pb/collective.proto\x12\x12\x63luster_runtime.v1\x1a\"cluster/transport/_pb/tensor.proto\"\xad\x01\n\x13\x43ollectiveSignature\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".cluster_runtime.v1.CollectiveKind\x12(\n\x02op\x18\x02 \x01(\x0e\x32\x1c.cluster_runtime.v1.ReduceOp\x12,\n\x04meta\x18\x03 \x01(\x0b\x32\x1e.cluster_runtime.v1.TensorMeta\x12\x0c\n\x04root\x18\x04 \x01(\r\"\xac\x01\n\x05\x46rame\x12\x10\n\x08src_rank\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05\x63hunk\x18\x05 \x01(\r\x12:\n\tsignature\x18\x06 \x01(\x0b\x32\'.cluster_runtime.v1.CollectiveSignature\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"!\n\x0f\x45xchangeSummary\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x04\"M\n\x0cHelloRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04task\x18\x04 \x01(\t\"(\n\nHelloReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04task\x18\x02 \x01(\t\"H\n\x0c\x41\x62ortRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x0c\n\nAbortReply*\x81\x01\n\x0e\x43ollectiveKind\x12\x1f\n\x1b\x43OLLECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nALL_REDUCE\x10\x01\x12\x0e\n\nALL_GATHER\x10\x02\x12\r\n\tBROADCAST\x10\x03\x12\x12\n\x0eREDUCE_SCATTER\x10\x04\x12\x0b\n\x07\x42\x41RRIER\x10\x05*J\n\x08ReduceOp\x12\x19\n\x15REDUCE_OP_UNSPECIFIED\x10\x00\x12\x07\n\x03SUM\x10\x01\x12\x08\n\x04MEAN\x10\x02\x12\x07\n\x03MAX\x10\x03\x12\x07\n\x03MIN\x10\x04\x32\xf0\x01\n\nCollective\x12I\n\x05Hello\x12 .cluster_runtime.v1.HelloRequest\x1a\x1e.cluster_runtime.v1.HelloReply\x12L\n\x08\x45xchange\x12\x19.cluster_runtime.v1.Frame\x1a#.cluster_runtime.v1.ExchangeSummary(\x01\x12I\n\x05\x41\x62ort\x12 .cluster_runtime.v1.AbortRequest\x1a\x1e.cluster_runtime.v1.AbortReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cluster/transport/_pb/collective.proto\x12\x12\x63luster_runtime.v1\"\x98\x01\n\x05\x46rame\x12\x10\n\x08src_rank\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05\x63hunk\x18\x05 \x01(\r\x12\x11\n\tsignature\x18\x06 \x01(\t\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"!\n\x0f\x45xchangeSummary\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x04\"M\n\x0cHelloRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04task\x18\x04 \x01(\t\"(\n\nHelloReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04task\x18\x02 \x01(\t\"H\n\x0c\x41\x62ortRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x0c\n\nAbortReply2\xf0\x01\n\nCollective\x12I\n\x05Hello\x12 .cluster_runtime.v1.HelloRequest\x1a\x1e.cluster_runtime.v1.HelloReply\x12L\n\x08\x45xchange\x12\x19.cluster_runtime.v1.Frame\x1a#.cluster_runtime.v1.ExchangeSummary(\x01\x12I\n\x05\x41\x62ort\x12 .cluster_runtime.v1.AbortRequest\x1a\x1e.cluster_runtime.v1.AbortReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cluster.transport._pb.collective_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIVEKIND']._serialized_start=694
-  _globals['_COLLECTIVEKIND']._serialized_end=823
-  _globals['_REDUCEOP']._serialized_start=825
-  _globals['_REDUCEOP']._serialized_end=899
-  _globals['_COLLECTIVESIGNATURE']._serialized_start=99
-  _globals['_COLLECTIVESIGNATURE']._serialized_end=272
-  _globals['_FRAME']._serialized_start=275
-  _globals['_FRAME']._serialized_end=447
-  _globals['_EXCHANGESUMMARY']._serialized_start=449
-  _globals['_EXCHANGESUMMARY']._serialized_end=482
-  _globals['_HELLOREQUEST']._serialized_start=484
-  _globals['_HELLOREQUEST']._serialized_end=561
-  _globals['_HELLOREPLY']._serialized_start=563
-  _globals['_HELLOREPLY']._serialized_end=603
-  _globals['_ABORTREQUEST']._serialized_start=605
-  _globals['_ABORTREQUEST']._serialized_end=677
-  _globals['_ABORTREPLY']._serialized_start=679
-  _globals['_ABORTREPLY']._serialized_end=691
-  _globals['_COLLECTIVE']._serialized_start=902
-  _globals['_COLLECTIVE']._serialized_end=1142
+  _globals['_FRAME']._serialized_start=63
+  _globals['_FRAME']._serialized_end=215
+  _globals['_EXCHANGESUMMARY']._serialized_start=217
+  _globals['_EXCHANGESUMMARY']._serialized_end=250
+  _globals['_HELLOREQUEST']._serialized_start=252
+  _globals['_HELLOREQUEST']._serialized_end=329
+  _globals['_HELLOREPLY']._serialized_start=331
+  _globals['_HELLOREPLY']._serialized_end=371
+  _globals['_ABORTREQUEST']._serialized_start=373
+  _globals['_ABORTREQUEST']._serialized_end=445
+  _globals['_ABORTREPLY']._serialized_start=447
+  _globals['_ABORTREPLY']._serialized_end=459
+  _globals['_COLLECTIVE']._serialized_start=462
+  _globals['_COLLECTIVE']._serialized_end=702
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,127 @@
+"""The cluster token: where it comes from, how it travels, how servers check it.
+
+Every RPC carries ``authorization: Bearer <CLUSTER_TOKEN>``; servers compare it in constant time
+before any handler runs (or any byte of the request is deserialised) and answer UNAUTHENTICATED
+otherwise. The token is never logged and never appears in error messages or ``repr``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from cluster.errors import ClusterError
+
+__all__ = [
+    "ENV_ALLOW_INSECURE",
+    "ENV_TOKEN",
+    "InsecureClusterError",
+    "Token",
+    "TokenInterceptor",
+    "resolve_token",
+]
+
+ENV_TOKEN = "CLUSTER_TOKEN"
+ENV_ALLOW_INSECURE = "CLUSTER_ALLOW_INSECURE"
+_METADATA_KEY = "authorization"
+_SCHEME = "Bearer "
+
+log = logging.getLogger(__name__)
+
+
+class InsecureClusterError(ClusterError):
+    """No token was given for a cluster that is not confined to this host."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """The shared secret, or ``None`` for an insecure loopback cluster. ``repr`` hides it."""
+
+    value: str | None = field(repr=False)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata to send with every RPC (empty when insecure)."""
+        return () if self.value is None else ((_METADATA_KEY, _SCHEME + self.value),)
+
+    def accepts(self, metadata: Iterable[tuple[str, str | bytes]]) -> bool:
+        """True when ``metadata`` carries this token (always True when insecure)."""
+        if self.value is None:
+            return True
+        expected = (_SCHEME + self.value).encode()
+        for key, got in metadata:
+            if key == _METADATA_KEY:
+                got_bytes = got if isinstance(got, bytes) else got.encode()
+                return hmac.compare_digest(got_bytes, expected)
+        return False
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(addresses: Iterable[str], environ: Mapping[str, str] | None = None) -> Token:
+    """Read the token from ``CLUSTER_TOKEN`` and apply the policy of DESIGN.md.
+
+    No token: a cluster whose addresses are all loopback runs with a warning; any other raises
+    :class:`InsecureClusterError` unless ``CLUSTER_ALLOW_INSECURE=1``.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_TOKEN) or None
+    if value is not None:
+        return Token(value)
+    addresses = list(addresses)
+    if all(_is_loopback(a) for a in addresses):
+        log.warning("%s is not set: running unauthenticated on loopback", ENV_TOKEN)
+        return Token(None)
+    if env.get(ENV_ALLOW_INSECURE) == "1":
+        log.warning("%s is not set and %s=1: RPCs are unauthenticated", ENV_TOKEN,
+                    ENV_ALLOW_INSECURE)
+        return Token(None)
+    remote = sorted(a for a in addresses if not _is_loopback(a))
+    raise InsecureClusterError(
+        f"{ENV_TOKEN} is not set and the cluster has non-loopback addresses ({', '.join(remote)}):"
+        f" set {ENV_TOKEN} to a shared secret on every task (clusterctl does this for you),"
+        f" or set {ENV_ALLOW_INSECURE}=1 to run without authentication"
+    )
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Rejects calls without the cluster token before the method's handler is even chosen to run.
+
+    The denial handler has the same cardinality as the real one and reads no request bytes into
+    any deserialiser, so nothing from an unauthenticated caller is ever parsed or unpickled.
+    """
+
+    def __init__(self, token: Token) -> None:
+        self._token = token
+
+    def intercept_service(self, continuation, handler_call_details):
+        if self._token.accepts(handler_call_details.invocation_metadata):
+            return continuation(handler_call_details)
+        real = continuation(handler_call_details)
+        if real is None:
+            return None
+
+        def deny(request_or_iterator, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
+
+        if real.request_streaming and real.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if real.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if real.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,191 @@
+"""Health checks and heartbeats: how a task learns within seconds that a peer is gone.
+
+Server side, :class:`ControlService` answers ``Check`` and streams a ``HeartbeatResponse`` every
+``interval`` seconds to each peer that watches it. Client side, :class:`HeartbeatMonitor` keeps
+one such stream open per peer and reports a peer as lost when its stream breaks (the process died,
+its port closed) or when nothing arrived for ``timeout`` seconds (the process hangs, the network
+drops packets); a peer that shuts down cleanly is reported as departed instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from cluster.errors import PeerUnavailableError
+from cluster.transport._pb import control_pb2
+from cluster.transport.api import PeerInfo
+from cluster.transport.auth import Token
+
+__all__ = ["ControlService", "HeartbeatMonitor"]
+
+log = logging.getLogger(__name__)
+
+SERVICE = "cluster_runtime.v1.Control"
+
+
+class ControlService:
+    """The ``Control`` service of one task: health, heartbeats, failure reports, shutdown."""
+
+    def __init__(self, task: str, *, interval: float = 1.0) -> None:
+        self.task = task
+        self.interval = interval
+        self.incarnation = int.from_bytes(os.urandom(8), "little")
+        self._stopping = threading.Event()
+        self.on_failure_report: Callable[[control_pb2.FailureReport], None] | None = None
+        self.on_shutdown: Callable[[str], None] | None = None
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "Check": grpc.unary_unary_rpc_method_handler(
+                self._check,
+                request_deserializer=control_pb2.HealthCheckRequest.FromString,
+                response_serializer=control_pb2.HealthCheckResponse.SerializeToString,
+            ),
+            "Heartbeat": grpc.unary_stream_rpc_method_handler(
+                self._heartbeat,
+                request_deserializer=control_pb2.HeartbeatRequest.FromString,
+                response_serializer=control_pb2.HeartbeatResponse.SerializeToString,
+            ),
+            "ReportFailure": grpc.unary_unary_rpc_method_handler(
+                self._report_failure,
+                request_deserializer=control_pb2.FailureReport.FromString,
+                response_serializer=control_pb2.FailureAck.SerializeToString,
+            ),
+            "Shutdown": grpc.unary_unary_rpc_method_handler(
+                self._shutdown,
+                request_deserializer=control_pb2.ShutdownRequest.FromString,
+                response_serializer=control_pb2.ShutdownReply.SerializeToString,
+            ),
+        }
+
+    def stop(self) -> None:
+        """End every heartbeat stream cleanly, so watchers see a departure, not a death."""
+        self._stopping.set()
+
+    def _check(self, request, context):
+        status = control_pb2.HealthCheckResponse.SERVING
+        if request.expected_task and request.expected_task != self.task:
+            status = control_pb2.HealthCheckResponse.WRONG_TASK
+        elif self._stopping.is_set():
+            status = control_pb2.HealthCheckResponse.NOT_SERVING
+        return control_pb2.HealthCheckResponse(
+            status=status, task=self.task, incarnation=self.incarnation
+        )
+
+    def _heartbeat(self, request, context):
+        beat = control_pb2.HeartbeatResponse(task=self.task, incarnation=self.incarnation)
+        while context.is_active() and not self._stopping.is_set():
+            yield beat
+            self._stopping.wait(self.interval)
+
+    def _report_failure(self, request, context):
+        if self.on_failure_report is not None:
+            self.on_failure_report(request)
+        return control_pb2.FailureAck()
+
+    def _shutdown(self, request, context):
+        if self.on_shutdown is not None:
+            self.on_shutdown(request.reason)
+        return control_pb2.ShutdownReply()
+
+
+class HeartbeatMonitor:
+    """Watches peers' heartbeat streams; calls ``on_lost(peer, error)`` or ``on_departed(peer)``.
+
+    Each callback fires at most once per peer. ``timeout`` bounds how long a silent peer is
+    trusted: a peer is declared lost at most ``timeout + interval`` seconds after it went silent.
+    """
+
+    def __init__(
+        self,
+        me: PeerInfo,
+        peers: list[PeerInfo],
+        channels: dict[int, grpc.Channel],
+        token: Token,
+        *,
+        on_lost: Callable[[PeerInfo, PeerUnavailableError], None],
+        on_departed: Callable[[PeerInfo], None],
+        interval: float = 1.0,
+        timeout: float = 5.0,
+    ) -> None:
+        self._me = me
+        self._on_lost = on_lost
+        self._on_departed = on_departed
+        self._interval = interval
+        self._timeout = timeout
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._last_seen: dict[int, float] = {}
+        self._calls: dict[int, grpc.Future] = {}
+        self._reported: set[int] = set()
+        self._threads: list[threading.Thread] = []
+        request = control_pb2.HeartbeatRequest(task=me.task)
+        now = time.monotonic()
+        for peer in peers:
+            method = channels[peer.rank].unary_stream(
+                f"/{SERVICE}/Heartbeat",
+                request_serializer=control_pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=control_pb2.HeartbeatResponse.FromString,
+            )
+            self._last_seen[peer.rank] = now
+            self._calls[peer.rank] = method(request, metadata=token.metadata)
+            thread = threading.Thread(
+                target=self._read, args=(peer,), name=f"heartbeat-{peer.task}", daemon=True
+            )
+            self._threads.append(thread)
+        self._watchdog = threading.Thread(target=self._watch, args=(peers,), name="heartbeat-watch",
+                                          daemon=True)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+        self._watchdog.start()
+
+    def close(self) -> None:
+        self._closing.set()
+        for call in self._calls.values():
+            call.cancel()
+        for thread in [*self._threads, self._watchdog]:
+            if thread.is_alive():
+                thread.join(timeout=2.0)
+
+    def _report(self, peer: PeerInfo, error: PeerUnavailableError | None) -> None:
+        with self._lock:
+            if peer.rank in self._reported or self._closing.is_set():
+                return
+            self._reported.add(peer.rank)
+        if error is None:
+            self._on_departed(peer)
+        else:
+            self._on_lost(peer, error)
+
+    def _read(self, peer: PeerInfo) -> None:
+        call = self._calls[peer.rank]
+        try:
+            for _ in call:
+                self._last_seen[peer.rank] = time.monotonic()
+        except grpc.RpcError as e:
+            if self._closing.is_set() or e.code() == grpc.StatusCode.CANCELLED:
+                return
+            self._report(peer, PeerUnavailableError(
+                f"{peer} is unavailable: heartbeat stream broke ({e.code().name}: {e.details()})",
+                task=peer.task, address=peer.address))
+            return
+        self._report(peer, None)
+
+    def _watch(self, peers: list[PeerInfo]) -> None:
+        while not self._closing.wait(self._interval / 2):
+            now = time.monotonic()
+            for peer in peers:
+                silent = now - self._last_seen[peer.rank]
+                if silent > self._timeout:
+                    self._report(peer, PeerUnavailableError(
+                        f"{peer} is unavailable: no heartbeat for {silent:.1f} s",
+                        task=peer.task, address=peer.address))
+                    self._calls[peer.rank].cancel()

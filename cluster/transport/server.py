@@ -1,0 +1,82 @@
+"""A task's gRPC server: binds the address the cluster spec gives it, authenticates every call."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from cluster.transport.auth import Token, TokenInterceptor
+
+__all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "TaskServer"]
+
+log = logging.getLogger(__name__)
+
+_UNLIMITED = -1
+# Tensor frames are bounded by the sender (see grpc_transport.MAX_FRAME_BYTES), so message size
+# limits only get in the way; ports must never be shared silently (grpcio's SO_REUSEPORT default).
+SERVER_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", _UNLIMITED),
+    ("grpc.max_send_message_length", _UNLIMITED),
+)
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", _UNLIMITED),
+    ("grpc.max_send_message_length", _UNLIMITED),
+    # Reconnect quickly when a peer comes up after us (default backoff reaches 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+
+
+class TaskServer:
+    """One gRPC server per task process, hosting every service of that task.
+
+    ``TaskServer("127.0.0.1:0", token)`` binds at construction (raising ``OSError`` naming the
+    address when it is taken) and exposes the bound ``port``; services are added with
+    :meth:`add_handlers` before :meth:`start`.
+    """
+
+    def __init__(self, address: str, token: Token, *, max_workers: int = 32) -> None:
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+            interceptors=[TokenInterceptor(token)],
+            options=SERVER_OPTIONS,
+            maximum_concurrent_rpcs=None,
+        )
+        try:
+            port = self._server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise OSError(f"cannot bind gRPC server to {address}: address in use or invalid") from e
+        if port == 0:
+            raise OSError(f"cannot bind gRPC server to {address}: address in use or invalid")
+        host = address.rsplit(":", 1)[0]
+        self.port = port
+        self.address = f"{host}:{port}"
+        self._started = False
+        self._stopped = False
+
+    def add_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, handlers),)
+        )
+
+    def start(self) -> None:
+        self._server.start()
+        self._started = True
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving; in-flight calls get ``grace`` seconds. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.stop(grace).wait(None if grace is None else grace + 5.0)
+
+    def __enter__(self) -> TaskServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

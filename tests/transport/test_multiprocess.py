@@ -1,0 +1,67 @@
+"""Real processes, real sockets: a killed peer becomes a typed error on every survivor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from cluster.testing import run_group
+from cluster.transport.api import MessageKey
+from cluster.transport.deadline import Deadline
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
+
+
+def _all_connected(transport) -> None:
+    """Every rank has heard from every other: nobody is still inside connect()."""
+    others = [r for r in range(transport.world_size) if r != transport.rank]
+    for r in others:
+        transport.send(r, MessageKey("ready", 0, 0), b"", deadline=Deadline.after(10))
+    for r in others:
+        transport.recv(r, MessageKey("ready", 0, 0), deadline=Deadline.after(10))
+
+
+def _victim_dies_others_wait(transport, victim: int):
+    _all_connected(transport)
+    if transport.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Rank 0 waits on rank 1, which waits on the victim: rank 0 has no stream from the victim
+    # that could break, so it must learn through heartbeats or an abort.
+    src = (transport.rank + 1) % transport.world_size
+    start = time.monotonic()
+    try:
+        transport.recv(src, MessageKey("g", 0, 0), deadline=Deadline.after(30))
+    except Exception as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_kill_9_of_a_peer_is_a_peer_unavailable_error_naming_it_on_every_survivor() -> None:
+    outcomes = run_group(_victim_dies_others_wait, 3, args=(2,), timeout=45)
+    assert outcomes[2].exitcode == -signal.SIGKILL
+    for o in outcomes[:2]:
+        assert o.ok, o.traceback
+        kind, message, elapsed = o.result
+        assert kind == "PeerUnavailableError", message
+        assert "worker:2 (127.0.0.1:" in message
+        assert elapsed < 10.0
+
+
+def _echo_sum(transport):
+    total = 0
+    for step in range(3):
+        dst = (transport.rank + 1) % transport.world_size
+        src = (transport.rank - 1) % transport.world_size
+        k = MessageKey("g", 0, step)
+        transport.send(dst, k, bytes([transport.rank]) * 4, deadline=Deadline.after(10))
+        total += sum(transport.recv(src, k, deadline=Deadline.after(10)).payload)
+    return total
+
+
+def test_processes_exchange_over_authenticated_grpc() -> None:
+    outcomes = run_group(_echo_sum, 3, env={"CLUSTER_TOKEN": "per-run-secret"}, timeout=45)
+    assert [o.ok for o in outcomes] == [True] * 3, [o.traceback for o in outcomes]
+    assert [o.result for o in outcomes] == [2 * 4 * 3, 0 * 4 * 3, 1 * 4 * 3]
