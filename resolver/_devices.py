@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from typing import DefaultDict, Mapping, Optional
+from collections.abc import Mapping
 
 __all__ = ["local_accelerators", "local_gpu_count"]
 
@@ -36,7 +36,7 @@ def _count_visible(value: str) -> int:
     return count
 
 
-def _count_entries(directory: str, pattern: Optional[re.Pattern[str]] = None) -> int:
+def _count_entries(directory: str, pattern: re.Pattern[str] | None = None) -> int:
     try:
         names = os.listdir(directory)
     except OSError:
@@ -47,7 +47,7 @@ def _count_entries(directory: str, pattern: Optional[re.Pattern[str]] = None) ->
 
 
 def local_gpu_count(
-    environ: Optional[Mapping[str, str]] = None,
+    environ: Mapping[str, str] | None = None,
     dev_dir: str = "/dev",
     proc_gpus_dir: str = "/proc/driver/nvidia/gpus",
 ) -> int:
@@ -67,17 +67,17 @@ def local_gpu_count(
 
 
 def local_accelerators(
-    environ: Optional[Mapping[str, str]] = None,
+    environ: Mapping[str, str] | None = None,
     dev_dir: str = "/dev",
     proc_gpus_dir: str = "/proc/driver/nvidia/gpus",
-) -> DefaultDict[str, int]:
+) -> defaultdict[str, int]:
     """``{"GPU": n}`` when this process sees ``n > 0`` GPUs, else ``{}``.
 
     Like TensorFlow's ``ClusterResolver.num_accelerators`` the result is a
     ``collections.defaultdict(int)``, so ``result["GPU"]`` is ``0`` rather than a ``KeyError``
     on a machine without GPUs.
     """
-    result: DefaultDict[str, int] = defaultdict(int)
+    result: defaultdict[str, int] = defaultdict(int)
     count = local_gpu_count(environ, dev_dir, proc_gpus_dir)
     if count > 0:
         result["GPU"] = count

@@ -18,7 +18,7 @@ checked here (``master()`` fails for that, as in TF).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 from resolver.errors import ClusterConfigError
 
@@ -28,7 +28,7 @@ _SOURCE = "TF_CONFIG"
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
-Job = Union[List[str], Dict[int, str]]
+Job = list[str] | dict[int, str]
 
 
 def _show(value: Any) -> str:
@@ -85,7 +85,7 @@ def _job(path: str, tasks: Any) -> Job:
     if isinstance(tasks, list):
         return [_address(f"{path}[{i}]", address) for i, address in enumerate(tasks)]
     if isinstance(tasks, dict):
-        job: Dict[int, str] = {}
+        job: dict[int, str] = {}
         for key, address in tasks.items():
             item = f"{path}[{json.dumps(key)}]"
             job[_sparse_index(item, key)] = _address(item, address)
@@ -97,9 +97,11 @@ def _job(path: str, tasks: Any) -> Job:
     )
 
 
-def _cluster(value: Any) -> Dict[str, Job]:
+def _cluster(value: Any) -> dict[str, Job]:
     if not isinstance(value, dict):
-        raise _fail("cluster", f"expected an object mapping job names to tasks, got {_describe(value)}")
+        raise _fail(
+            "cluster", f"expected an object mapping job names to tasks, got {_describe(value)}"
+        )
     return {name: _job(_member("cluster", name), tasks) for name, tasks in value.items()}
 
 
@@ -116,7 +118,7 @@ def _task_id(value: Any) -> int:
     raise _fail("task.index", f"expected an integer, got {_describe(value)}")
 
 
-def _optional_str(path: str, value: Any) -> Optional[str]:
+def _optional_str(path: str, value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise _fail(path, f"expected a string, got {_describe(value)}")
@@ -132,23 +134,25 @@ class TFConfig:
 
     __slots__ = ("_doc",)
 
-    def __init__(self, doc: Dict[str, Any]) -> None:
+    def __init__(self, doc: dict[str, Any]) -> None:
         self._doc = doc
 
-    def cluster(self) -> Optional[Dict[str, Job]]:
+    def cluster(self) -> dict[str, Job] | None:
         """``{job: tasks}`` checked and with sparse keys as ints; ``None`` when absent."""
         if "cluster" not in self._doc:
             return None
         return _cluster(self._doc["cluster"])
 
-    def _task(self) -> Dict[str, Any]:
+    def _task(self) -> dict[str, Any]:
         task = self._doc.get("task", {})
         if not isinstance(task, dict):
-            raise _fail("task", f'expected an object like {{"type": "worker", "index": 0}}, '
-                                f"got {_describe(task)}")
+            raise _fail(
+                "task",
+                f'expected an object like {{"type": "worker", "index": 0}}, got {_describe(task)}',
+            )
         return task
 
-    def task_type(self) -> Optional[str]:
+    def task_type(self) -> str | None:
         task = self._task()
         if "type" not in task:
             return None
@@ -156,18 +160,18 @@ class TFConfig:
             raise _fail("task.type", f"expected a string, got {_describe(task['type'])}")
         return task["type"]
 
-    def task_id(self) -> Optional[int]:
+    def task_id(self) -> int | None:
         task = self._task()
         return _task_id(task["index"]) if "index" in task else None
 
-    def rpc_layer(self) -> Optional[str]:
+    def rpc_layer(self) -> str | None:
         return _optional_str("rpc_layer", self._doc.get("rpc_layer"))
 
-    def session_master(self) -> Optional[str]:
+    def session_master(self) -> str | None:
         return _optional_str("session_master", self._doc.get("session_master"))
 
 
-def parse_tf_config(text: Optional[str]) -> TFConfig:
+def parse_tf_config(text: str | None) -> TFConfig:
     """Parse ``TF_CONFIG``'s text; ``None`` (unset) gives an empty config, as in TF.
 
     Raises:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from typing import Any, Dict, List, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any
 
 from resolver._devices import local_accelerators, local_gpu_count
 from resolver.cluster_spec import ClusterSpec
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 
-def format_master_url(master: Any, rpc_layer: Optional[str] = None) -> Any:
+def format_master_url(master: Any, rpc_layer: str | None = None) -> Any:
     """``"grpc://host:port"`` for a truthy ``rpc_layer``, else ``master`` unchanged."""
     if rpc_layer:
         return f"{rpc_layer}://{master}"
@@ -45,7 +46,7 @@ def format_master_url(master: Any, rpc_layer: Optional[str] = None) -> Any:
 
 
 class ClusterResolver(abc.ABC):
-    """Finds the cluster a task belongs to: its ``ClusterSpec`` and its own ``(task_type, task_id)``.
+    """Finds a task's cluster (a ``ClusterSpec``) and the task's own ``(task_type, task_id)``.
 
     Subclasses implement ``cluster_spec()`` and ``master()``. ``task_type``, ``task_id`` and
     ``rpc_layer`` are read/write attributes that default to ``None``; ``environment`` is ``""``.
@@ -59,19 +60,19 @@ class ClusterResolver(abc.ABC):
     @abc.abstractmethod
     def master(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
-        rpc_layer: Optional[str] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
     ) -> str:
         """Address of a task (by default this task), optionally prefixed ``rpc_layer://``."""
         raise NotImplementedError()
 
     def num_accelerators(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
         config_proto: Any = None,
-    ) -> Dict[str, int]:
+    ) -> dict[str, int]:
         """Accelerators per device type of a task, e.g. ``{"GPU": 2}``; ``{}`` when none.
 
         Like TF, ``master(task_type, task_id)`` is called first, so its errors propagate. TF counts
@@ -93,27 +94,27 @@ class ClusterResolver(abc.ABC):
         return ""
 
     @property
-    def task_type(self) -> Optional[str]:
+    def task_type(self) -> str | None:
         return getattr(self, "_task_type", None)
 
     @task_type.setter
-    def task_type(self, task_type: Optional[str]) -> None:
+    def task_type(self, task_type: str | None) -> None:
         self._task_type = task_type
 
     @property
-    def task_id(self) -> Optional[int]:
+    def task_id(self) -> int | None:
         return getattr(self, "_task_id", None)
 
     @task_id.setter
-    def task_id(self, task_id: Optional[int]) -> None:
+    def task_id(self, task_id: int | None) -> None:
         self._task_id = task_id
 
     @property
-    def rpc_layer(self) -> Optional[str]:
+    def rpc_layer(self) -> str | None:
         return getattr(self, "_rpc_layer", None)
 
     @rpc_layer.setter
-    def rpc_layer(self, rpc_layer: Optional[str]) -> None:
+    def rpc_layer(self, rpc_layer: str | None) -> None:
         self._rpc_layer = rpc_layer
 
 
@@ -132,11 +133,11 @@ class SimpleClusterResolver(ClusterResolver):
         self,
         cluster_spec: ClusterSpec,
         master: str = "",
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
         environment: str = "",
-        num_accelerators: Optional[Mapping[str, int]] = None,
-        rpc_layer: Optional[str] = None,
+        num_accelerators: Mapping[str, int] | None = None,
+        rpc_layer: str | None = None,
     ) -> None:
         self._task_type = task_type
         self._task_id = task_id
@@ -157,9 +158,9 @@ class SimpleClusterResolver(ClusterResolver):
 
     def master(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
-        rpc_layer: Optional[str] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
     ) -> str:
         """See the class docstring; ``ValueError`` for an unknown job or task."""
         if task_type is not None and task_id is not None:
@@ -174,8 +175,8 @@ class SimpleClusterResolver(ClusterResolver):
 
     def num_accelerators(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
         config_proto: Any = None,
     ) -> Mapping[str, int]:
         """The ``num_accelerators`` given to the constructor (the same object), or ``{}``."""
@@ -221,7 +222,7 @@ class UnionClusterResolver(ClusterResolver):
         """
         specs = [resolver.cluster_spec().as_dict() for resolver in self._cluster_resolvers]
         # A job stays a list (and is concatenated) only if it is a list everywhere it appears.
-        merged: Dict[Any, Union[List[Any], Dict[int, Any]]] = {}
+        merged: dict[Any, list[Any] | dict[int, Any]] = {}
         for spec in specs:
             for job_name, tasks in spec.items():
                 if job_name not in merged or isinstance(tasks, dict):
@@ -244,9 +245,9 @@ class UnionClusterResolver(ClusterResolver):
 
     def master(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
-        rpc_layer: Optional[str] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
     ) -> str:
         """The named task's address in the merged spec, else the first resolver's ``master()``.
 
@@ -258,28 +259,28 @@ class UnionClusterResolver(ClusterResolver):
         return self._cluster_resolvers[0].master(rpc_layer=rpc_layer)
 
     @property
-    def task_type(self) -> Optional[str]:
+    def task_type(self) -> str | None:
         return self._task_type or self._cluster_resolvers[0].task_type
 
     @task_type.setter
-    def task_type(self, task_type: Optional[str]) -> None:
+    def task_type(self, task_type: str | None) -> None:
         self._task_type = task_type
 
     @property
-    def task_id(self) -> Optional[int]:
+    def task_id(self) -> int | None:
         # Truthiness, as in TF: an override of 0 yields the first resolver's task_id.
         return self._task_id or self._cluster_resolvers[0].task_id
 
     @task_id.setter
-    def task_id(self, task_id: Optional[int]) -> None:
+    def task_id(self, task_id: int | None) -> None:
         self._task_id = task_id
 
     @property
-    def rpc_layer(self) -> Optional[str]:
+    def rpc_layer(self) -> str | None:
         return self._rpc_layer or self._cluster_resolvers[0].rpc_layer
 
     @rpc_layer.setter
-    def rpc_layer(self, rpc_layer: Optional[str]) -> None:
+    def rpc_layer(self, rpc_layer: str | None) -> None:
         self._rpc_layer = rpc_layer
 
     @property
@@ -288,8 +289,8 @@ class UnionClusterResolver(ClusterResolver):
 
     def num_accelerators(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
         config_proto: Any = None,
     ) -> Mapping[str, int]:
         return self._cluster_resolvers[0].num_accelerators(task_type, task_id, config_proto)

@@ -25,15 +25,16 @@ Everything is O(number of tasks) with plain dicts: a 10,000-task spec builds in 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["ClusterSpec"]
 
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
-Address = Union[str, bytes]
-JobTasks = Union[List[Address], Dict[int, Address]]
+Address = str | bytes
+JobTasks = list[Address] | dict[int, Address]
 
 
 def _check_name(job_name: Any) -> None:
@@ -75,8 +76,8 @@ class ClusterSpec:
     # TF defines __eq__ without __hash__: specs are mutable-looking values, not dict keys.
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(self, cluster: Union[Mapping[Any, Any], "ClusterSpec"]) -> None:
-        self._cluster_spec: Dict[Any, Dict[int, Any]] = {}
+    def __init__(self, cluster: Mapping[Any, Any] | ClusterSpec) -> None:
+        self._cluster_spec: dict[Any, dict[int, Any]] = {}
         if isinstance(cluster, dict):
             for job_name, tasks in cluster.items():
                 if isinstance(tasks, (list, tuple)):
@@ -138,14 +139,14 @@ class ClusterSpec:
 
     # -- queries -------------------------------------------------------------------------------
 
-    def _job(self, job_name: Any) -> Dict[int, Any]:
+    def _job(self, job_name: Any) -> dict[int, Any]:
         try:
             return self._cluster_spec[job_name]
         except KeyError:
             raise ValueError(f"No such job in cluster: {job_name!r}") from None
 
     @property
-    def jobs(self) -> List[Any]:
+    def jobs(self) -> list[Any]:
         """Job names, in the order they were given (sorted for a copied spec)."""
         return list(self._cluster_spec)
 
@@ -153,7 +154,7 @@ class ClusterSpec:
         """Number of tasks in ``job_name``; ``ValueError`` for an unknown job."""
         return len(self._job(job_name))
 
-    def task_indices(self, job_name: Any) -> List[int]:
+    def task_indices(self, job_name: Any) -> list[int]:
         """Sorted task indices of ``job_name``; ``ValueError`` for an unknown job."""
         return sorted(self._job(job_name))
 
@@ -172,7 +173,7 @@ class ClusterSpec:
         except KeyError:
             raise ValueError(f"No task with index {task_index!r} in job {job_name!r}") from None
 
-    def job_tasks(self, job_name: Any) -> List[Optional[Any]]:
+    def job_tasks(self, job_name: Any) -> list[Any | None]:
         """Addresses of ``job_name`` as a list indexed by task, with ``None`` in the gaps.
 
         Raises:
@@ -181,18 +182,18 @@ class ClusterSpec:
         job = self._job(job_name)
         if not job:
             raise ValueError(f"job {job_name!r} has no tasks")
-        tasks: List[Optional[Any]] = [None] * (max(job) + 1)
+        tasks: list[Any | None] = [None] * (max(job) + 1)
         # Assign in the job's own order so negative indices land where TF puts them.
         for index, address in job.items():
             tasks[index] = address
         return tasks
 
-    def as_dict(self) -> Dict[Any, JobTasks]:
-        """A new ``{job: tasks}`` dict: a list for jobs indexed ``0..n-1``, else ``{index: address}``.
+    def as_dict(self) -> dict[Any, JobTasks]:
+        """A new ``{job: tasks}`` dict: a list for a job indexed ``0..n-1``, else ``{index: addr}``.
 
         A job with no tasks maps to ``{}``. The result shares nothing mutable with the spec.
         """
-        result: Dict[Any, JobTasks] = {}
+        result: dict[Any, JobTasks] = {}
         for job_name, job in self._cluster_spec.items():
             if not job:
                 result[job_name] = {}

@@ -233,10 +233,12 @@ class SlurmClusterResolver(ClusterResolver):
     ``CUDA_VISIBLE_DEVICES`` as a side effect when ``auto_set_gpu``; ``master()`` with no task
     returns ``''``; a rank beyond the step's tasks leaves task_type/task_id None.
 
-    Unlike TF: tasks are packed onto nodes in Slurm's node-list order (the order TF's docstring
-    promises and the order Slurm's block distribution gives ranks), not re-sorted by hostname, so
-    in ``node[9-10]`` ranks 0.. are on node9 as Slurm put them (TF would put them on node10);
-    0 GPUs per task works (TF divides by zero); when ``CUDA_VISIBLE_DEVICES`` at construction
+    Tasks are packed onto hosts in hostnames' sorted *string* order, as TF's code does (its
+    docstring says node-list order; DESIGN.md: TF's behaviour wins), so in ``node[9-10]`` ranks
+    0.. are given node10's addresses. Name nodes with zero padding (``node[09-10]``) to keep
+    Slurm's and TF's orders the same.
+
+    Unlike TF: 0 GPUs per task works (TF divides by zero); when ``CUDA_VISIBLE_DEVICES`` at construction
     lists all of the node's GPUs, slices are taken from that list, so a step given GPUs ``2,3``
     hands out 2 and 3 (TF: 0 and 1, GPUs that are not the step's); malformed Slurm values raise
     ``ClusterConfigError``.
@@ -348,7 +350,8 @@ class SlurmClusterResolver(ClusterResolver):
         task_list: list[str] = []
         gpu_allocation: list[str] = []
         gpt = self._gpus_per_task
-        for host, num_tasks in self._task_configuration.items():
+        # TF iterates the hosts sorted as strings (see the class docstring).
+        for host, num_tasks in sorted(self._task_configuration.items()):
             for local_index in range(num_tasks):
                 task_list.append(f"{host}:{self._port_base + local_index}")
                 node_gpus = range(local_index * gpt, (local_index + 1) * gpt)

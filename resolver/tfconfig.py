@@ -19,8 +19,9 @@ TensorFlow behaviours kept on purpose:
   ``num_accelerators()`` (it calls ``master()``).
 * ``master()`` returns ``session_master`` verbatim when TF_CONFIG has one, and ``""`` when the
   cluster has no job or a single job with a single task (whatever task is asked for).
-* ``master(rpc_layer="")`` means "no prefix" here (TF tests ``is not None``), while ``SimpleClusterResolver``
-  treats ``""`` as "use my own". A constructor ``rpc_layer=""`` likewise hides TF_CONFIG's.
+* ``master(rpc_layer="")`` means "no prefix" here (TF tests ``is not None``), while
+  ``SimpleClusterResolver`` treats ``""`` as "use my own". A constructor ``rpc_layer=""``
+  likewise hides TF_CONFIG's.
 * ``task_type``/``task_id`` given to the constructor or set later win over TF_CONFIG and are
   coerced with ``str()``/``int()`` when read (``task_id="1"`` reads back as ``1``); setting them to
   ``None`` falls back to TF_CONFIG again.
@@ -33,7 +34,7 @@ Malformed TF_CONFIG raises ``ClusterConfigError`` (see ``resolver._tf_config``).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any
 
 from resolver._tf_config import TFConfig, parse_tf_config
 from resolver.base import ClusterResolver, format_master_url
@@ -64,10 +65,10 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def __init__(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
-        rpc_layer: Optional[str] = None,
-        environment: Optional[str] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
+        environment: str | None = None,
     ) -> None:
         self._task_type = task_type
         self._task_id = task_id
@@ -75,18 +76,18 @@ class TFConfigClusterResolver(ClusterResolver):
         self._environment = environment
 
     @property
-    def task_type(self) -> Optional[str]:
+    def task_type(self) -> str | None:
         """This task's job name: the override (via ``str()``) or TF_CONFIG's ``task.type``."""
         if self._task_type is None:
             return _load().task_type()
         return str(self._task_type)
 
     @task_type.setter
-    def task_type(self, task_type: Optional[str]) -> None:
+    def task_type(self, task_type: str | None) -> None:
         self._task_type = task_type
 
     @property
-    def task_id(self) -> Optional[int]:
+    def task_id(self) -> int | None:
         """This task's index: the override (via ``int()``) or TF_CONFIG's ``task.index``.
 
         An override that ``int()`` rejects raises its ``ValueError``/``TypeError`` here, as in TF.
@@ -96,22 +97,22 @@ class TFConfigClusterResolver(ClusterResolver):
         return int(self._task_id)
 
     @task_id.setter
-    def task_id(self, task_id: Optional[int]) -> None:
+    def task_id(self, task_id: int | None) -> None:
         self._task_id = task_id
 
     @property
-    def rpc_layer(self) -> Optional[str]:
+    def rpc_layer(self) -> str | None:
         """The override if not ``None`` (``""`` included), else TF_CONFIG's ``rpc_layer``."""
         if self._rpc_layer is None:
             return _load().rpc_layer()
         return self._rpc_layer
 
     @rpc_layer.setter
-    def rpc_layer(self, rpc_layer: Optional[str]) -> None:
+    def rpc_layer(self, rpc_layer: str | None) -> None:
         self._rpc_layer = rpc_layer
 
     @property
-    def environment(self) -> Optional[str]:  # type: ignore[override]
+    def environment(self) -> str | None:  # type: ignore[override]
         return self._environment
 
     def cluster_spec(self) -> ClusterSpec:
@@ -121,9 +122,9 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def master(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
-        rpc_layer: Optional[str] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
     ) -> str:
         """Address of ``(task_type, task_id)`` (default: this task), prefixed ``rpc_layer://``.
 
@@ -152,10 +153,10 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def num_accelerators(
         self,
-        task_type: Optional[str] = None,
-        task_id: Optional[int] = None,
+        task_type: str | None = None,
+        task_id: int | None = None,
         config_proto: Any = None,
-    ) -> Dict[str, int]:
+    ) -> dict[str, int]:
         """Local accelerators of this task (``{"GPU": n}`` or ``{}``); see ``ClusterResolver``.
 
         Unnamed task fields default to this task's, and ``master()`` is consulted first, so an

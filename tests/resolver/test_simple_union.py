@@ -71,15 +71,33 @@ def test_format_master_url_prefixes_only_a_truthy_rpc_layer(rpc_layer, expected)
 
 @pytest.mark.parametrize(
     "visible, count",
-    [("", 0), ("-1", 0), ("0", 1), ("0,1", 2), (" 0 , 1 ,3", 3), ("0,-1,1", 1), ("GPU-1a2b,GPU-3c4d", 2)],
+    [
+        ("", 0),
+        ("-1", 0),
+        ("0", 1),
+        ("0,1", 2),
+        (" 0 , 1 ,3", 3),
+        ("0,-1,1", 1),
+        ("GPU-1a2b,GPU-3c4d", 2),
+    ],
 )
-def test_cuda_visible_devices_decides_the_gpu_count_when_set(tmp_path: Path, visible, count) -> None:
+def test_cuda_visible_devices_decides_the_gpu_count_when_set(
+    tmp_path: Path, visible, count
+) -> None:
     (tmp_path / "nvidia0").touch()  # ignored: the variable wins
     assert local_gpu_count({"CUDA_VISIBLE_DEVICES": visible}, dev_dir=str(tmp_path)) == count
 
 
 def test_gpu_device_nodes_are_counted_when_cuda_visible_devices_is_unset(tmp_path: Path) -> None:
-    for name in ("nvidia0", "nvidia1", "nvidia12", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null"):
+    for name in (
+        "nvidia0",
+        "nvidia1",
+        "nvidia12",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-modeset",
+        "null",
+    ):
         (tmp_path / name).touch()
     assert local_gpu_count({}, dev_dir=str(tmp_path), proc_gpus_dir=str(tmp_path / "none")) == 3
 
@@ -122,7 +140,8 @@ def test_simple_master_empty_rpc_layer_argument_falls_back_to_its_own() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [({"worker": ["a"]},), (ClusterSpec({}), 5), (ClusterSpec({}), None)],
+    "args",
+    [({"worker": ["a"]},), (ClusterSpec({}), 5), (ClusterSpec({}), None)],
     ids=["dict_spec", "int_master", "none_master"],
 )
 def test_simple_rejects_a_non_spec_or_non_string_master(args) -> None:
@@ -192,9 +211,17 @@ def test_union_with_an_unknown_keyword_raises_value_error() -> None:
 
 
 def test_union_takes_identity_environment_and_accelerators_from_the_first() -> None:
-    first = simple(WORKERS, task_type="worker", task_id=1, rpc_layer="grpc",
-                   environment="google", num_accelerators={"GPU": 4})
-    union = UnionClusterResolver(first, simple(PS, task_type="ps", task_id=0, num_accelerators={"GPU": 1}))
+    first = simple(
+        WORKERS,
+        task_type="worker",
+        task_id=1,
+        rpc_layer="grpc",
+        environment="google",
+        num_accelerators={"GPU": 4},
+    )
+    union = UnionClusterResolver(
+        first, simple(PS, task_type="ps", task_id=0, num_accelerators={"GPU": 1})
+    )
     assert (union.task_type, union.task_id, union.rpc_layer) == ("worker", 1, "grpc")
     assert union.environment == "google"
     assert union.num_accelerators() == {"GPU": 4}
@@ -219,7 +246,10 @@ def test_union_master_asks_the_first_resolver_passing_only_rpc_layer() -> None:
 def test_union_master_of_a_named_task_uses_the_merged_spec() -> None:
     union = UnionClusterResolver(simple(WORKERS, rpc_layer="grpc"), simple(PS))
     assert union.master("ps", 0) == "p0:1"  # only the union's rpc_layer applies
-    assert UnionClusterResolver(simple(WORKERS), simple(PS), rpc_layer="grpc").master("ps", 0) == "grpc://p0:1"
+    assert (
+        UnionClusterResolver(simple(WORKERS), simple(PS), rpc_layer="grpc").master("ps", 0)
+        == "grpc://p0:1"
+    )
     with pytest.raises(ValueError):
         union.master("ps", 3)
 
@@ -230,7 +260,9 @@ def test_union_reads_a_tf_config_resolver_at_call_time(monkeypatch) -> None:
     assert union.cluster_spec().as_dict() == PS
     monkeypatch.setenv(
         "TF_CONFIG",
-        json.dumps({"cluster": WORKERS, "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"}),
+        json.dumps(
+            {"cluster": WORKERS, "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"}
+        ),
     )
     assert union.cluster_spec().as_dict() == {**WORKERS, **PS}
     assert (union.task_type, union.task_id, union.rpc_layer) == ("worker", 1, "grpc")

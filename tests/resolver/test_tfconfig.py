@@ -62,7 +62,9 @@ def test_tf_config_is_read_when_called_not_when_constructed(monkeypatch) -> None
     resolver = TFConfigClusterResolver()
     set_tf_config(monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": 1}})
     assert resolver.master() == "w1:2222"
-    set_tf_config(monkeypatch, {"cluster": {"ps": ["p0:1", "p1:1"]}, "task": {"type": "ps", "index": 0}})
+    set_tf_config(
+        monkeypatch, {"cluster": {"ps": ["p0:1", "p1:1"]}, "task": {"type": "ps", "index": 0}}
+    )
     assert resolver.task_type == "ps"
     assert resolver.cluster_spec().as_dict() == {"ps": ["p0:1", "p1:1"]}
     assert resolver.master() == "p0:1"
@@ -168,7 +170,11 @@ def test_master_without_a_task_raises_when_the_cluster_has_several_tasks(monkeyp
 def test_master_is_empty_for_a_single_job_with_a_single_task(monkeypatch) -> None:
     set_tf_config(
         monkeypatch,
-        {"cluster": {"worker": ["w0:1"]}, "task": {"type": "worker", "index": 0}, "rpc_layer": "grpc"},
+        {
+            "cluster": {"worker": ["w0:1"]},
+            "task": {"type": "worker", "index": 0},
+            "rpc_layer": "grpc",
+        },
     )
     resolver = TFConfigClusterResolver()
     assert resolver.master() == ""
@@ -176,15 +182,21 @@ def test_master_is_empty_for_a_single_job_with_a_single_task(monkeypatch) -> Non
 
 
 def test_master_of_a_single_sparse_task_is_not_empty(monkeypatch) -> None:
-    set_tf_config(monkeypatch, {"cluster": {"worker": {"2": "w2:1"}}, "task": {"type": "worker", "index": 2}})
+    set_tf_config(
+        monkeypatch, {"cluster": {"worker": {"2": "w2:1"}}, "task": {"type": "worker", "index": 2}}
+    )
     assert TFConfigClusterResolver().master() == "w2:1"
 
 
 def test_session_master_is_returned_verbatim_for_any_task(monkeypatch) -> None:
     set_tf_config(
         monkeypatch,
-        {"cluster": CLUSTER, "task": {"type": "worker", "index": 1},
-         "session_master": "sm:1", "rpc_layer": "grpc"},
+        {
+            "cluster": CLUSTER,
+            "task": {"type": "worker", "index": 1},
+            "session_master": "sm:1",
+            "rpc_layer": "grpc",
+        },
     )
     assert TFConfigClusterResolver().master() == "sm:1"
     assert TFConfigClusterResolver().master("chief", 0) == "sm:1"
@@ -193,8 +205,10 @@ def test_session_master_is_returned_verbatim_for_any_task(monkeypatch) -> None:
 def test_sparse_cluster_from_tf_config_keeps_its_indices(monkeypatch) -> None:
     set_tf_config(
         monkeypatch,
-        {"cluster": {"worker": {"1": "w1:1", "3": "w3:1"}, "ps": ["p0:1"]},
-         "task": {"type": "worker", "index": 3}},
+        {
+            "cluster": {"worker": {"1": "w1:1", "3": "w3:1"}, "ps": ["p0:1"]},
+            "task": {"type": "worker", "index": 3},
+        },
     )
     resolver = TFConfigClusterResolver()
     assert resolver.cluster_spec().as_dict() == {"worker": {1: "w1:1", 3: "w3:1"}, "ps": ["p0:1"]}
@@ -204,8 +218,11 @@ def test_sparse_cluster_from_tf_config_keeps_its_indices(monkeypatch) -> None:
 def test_addresses_and_unknown_keys_are_not_validated(monkeypatch) -> None:
     set_tf_config(
         monkeypatch,
-        {"cluster": {"worker": ["not an address", ""], "my-job": ["x"]},
-         "task": {"type": "worker", "index": 0, "trial": 3}, "extra": [1, 2]},
+        {
+            "cluster": {"worker": ["not an address", ""], "my-job": ["x"]},
+            "task": {"type": "worker", "index": 0, "trial": 3},
+            "extra": [1, 2],
+        },
     )
     resolver = TFConfigClusterResolver()
     assert resolver.master() == "not an address"
@@ -233,7 +250,7 @@ def test_constructor_overrides_win_and_are_coerced_with_str_and_int(monkeypatch)
 def test_a_task_id_override_that_int_rejects_raises_when_read() -> None:
     resolver = TFConfigClusterResolver(task_id="first")
     with pytest.raises(ValueError):
-        resolver.task_id
+        _ = resolver.task_id
 
 
 def test_setters_override_and_none_falls_back_to_tf_config(monkeypatch) -> None:
@@ -274,20 +291,43 @@ _MALFORMED = {
     "top_level_string": ('"cluster"', "TF_CONFIG: expected a JSON object at the top level"),
     "cluster_null": ({"cluster": None}, "TF_CONFIG: cluster: expected an object"),
     "cluster_array": ({"cluster": ["w0:1"]}, "TF_CONFIG: cluster: expected an object"),
-    "job_string": ({"cluster": {"worker": "w0:1"}}, 'TF_CONFIG: cluster.worker: expected an array of "host:port" strings'),
+    "job_string": (
+        {"cluster": {"worker": "w0:1"}},
+        'TF_CONFIG: cluster.worker: expected an array of "host:port" strings',
+    ),
     "job_number": ({"cluster": {"worker": 2}}, "TF_CONFIG: cluster.worker: expected an array"),
     "job_null": ({"cluster": {"worker": None}}, "TF_CONFIG: cluster.worker: expected an array"),
-    "address_null": ({"cluster": {"worker": [None]}}, 'TF_CONFIG: cluster.worker[0]: expected a "host:port" string, got null'),
-    "address_object": ({"cluster": {"my-job": ["a:1", {}]}}, 'TF_CONFIG: cluster["my-job"][1]: expected a "host:port" string, got {}'),
-    "sparse_address_number": ({"cluster": {"ps": {"3": 7}}}, 'TF_CONFIG: cluster.ps["3"]: expected a "host:port" string, got 7'),
-    "sparse_key_not_int": ({"cluster": {"ps": {"x": "p:1"}}}, 'TF_CONFIG: cluster.ps["x"]: task index keys must be integers, got "x"'),
-    "sparse_key_float": ({"cluster": {"ps": {"1.5": "p:1"}}}, 'TF_CONFIG: cluster.ps["1.5"]: task index keys must be integers'),
-    "sparse_key_out_of_int32": ({"cluster": {"ps": {"4294967296": "p:1"}}}, "TF_CONFIG: cluster.ps[\"4294967296\"]: task index 4294967296 is out of the int32 range"),
+    "address_null": (
+        {"cluster": {"worker": [None]}},
+        'TF_CONFIG: cluster.worker[0]: expected a "host:port" string, got null',
+    ),
+    "address_object": (
+        {"cluster": {"my-job": ["a:1", {}]}},
+        'TF_CONFIG: cluster["my-job"][1]: expected a "host:port" string, got {}',
+    ),
+    "sparse_address_number": (
+        {"cluster": {"ps": {"3": 7}}},
+        'TF_CONFIG: cluster.ps["3"]: expected a "host:port" string, got 7',
+    ),
+    "sparse_key_not_int": (
+        {"cluster": {"ps": {"x": "p:1"}}},
+        'TF_CONFIG: cluster.ps["x"]: task index keys must be integers, got "x"',
+    ),
+    "sparse_key_float": (
+        {"cluster": {"ps": {"1.5": "p:1"}}},
+        'TF_CONFIG: cluster.ps["1.5"]: task index keys must be integers',
+    ),
+    "sparse_key_out_of_int32": (
+        {"cluster": {"ps": {"4294967296": "p:1"}}},
+        'TF_CONFIG: cluster.ps["4294967296"]: task index 4294967296 is out of the int32 range',
+    ),
 }
 
 
 @pytest.mark.parametrize("value, message", _MALFORMED.values(), ids=_MALFORMED.keys())
-def test_malformed_tf_config_raises_cluster_config_error_naming_the_field(monkeypatch, value, message) -> None:
+def test_malformed_tf_config_raises_cluster_config_error_naming_the_field(
+    monkeypatch, value, message
+) -> None:
     set_tf_config(monkeypatch, value)
     with pytest.raises(ClusterConfigError) as raised:
         TFConfigClusterResolver().cluster_spec()
@@ -298,15 +338,23 @@ def test_non_string_address_message_names_the_exact_list_position(monkeypatch) -
     set_tf_config(monkeypatch, {"cluster": {"worker": ["a:1", "b:1", 42]}})
     with pytest.raises(ClusterConfigError) as raised:
         TFConfigClusterResolver().master()
-    assert str(raised.value) == 'TF_CONFIG: cluster.worker[2]: expected a "host:port" string, got 42'
+    assert (
+        str(raised.value) == 'TF_CONFIG: cluster.worker[2]: expected a "host:port" string, got 42'
+    )
     assert isinstance(raised.value, ValueError)  # code written for TF catches ValueError
 
 
 _BAD_TASK = {
     "task_string": ({"task": "worker"}, "TF_CONFIG: task: expected an object"),
     "task_array": ({"task": ["worker", 0]}, "TF_CONFIG: task: expected an object"),
-    "type_null": ({"task": {"type": None, "index": 0}}, "TF_CONFIG: task.type: expected a string, got null"),
-    "type_number": ({"task": {"type": 3, "index": 0}}, "TF_CONFIG: task.type: expected a string, got a number 3"),
+    "type_null": (
+        {"task": {"type": None, "index": 0}},
+        "TF_CONFIG: task.type: expected a string, got null",
+    ),
+    "type_number": (
+        {"task": {"type": 3, "index": 0}},
+        "TF_CONFIG: task.type: expected a string, got a number 3",
+    ),
 }
 
 
@@ -314,25 +362,33 @@ _BAD_TASK = {
 def test_malformed_task_type_raises_cluster_config_error(monkeypatch, value, message) -> None:
     set_tf_config(monkeypatch, value)
     with pytest.raises(ClusterConfigError, match=f"^{message}"):
-        TFConfigClusterResolver().task_type
+        _ = TFConfigClusterResolver().task_type
 
 
-@pytest.mark.parametrize("index", [None, "first", 1.5, True, [0]], ids=["null", "word", "float", "bool", "array"])
+@pytest.mark.parametrize(
+    "index", [None, "first", 1.5, True, [0]], ids=["null", "word", "float", "bool", "array"]
+)
 def test_task_index_that_is_not_an_integer_raises_cluster_config_error(monkeypatch, index) -> None:
     set_tf_config(monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": index}})
     with pytest.raises(ClusterConfigError, match="^TF_CONFIG: task.index: expected an integer"):
-        TFConfigClusterResolver().task_id
+        _ = TFConfigClusterResolver().task_id
 
 
 @pytest.mark.parametrize("key", ["rpc_layer", "session_master"])
-def test_non_string_rpc_layer_or_session_master_raises_cluster_config_error(monkeypatch, key) -> None:
+def test_non_string_rpc_layer_or_session_master_raises_cluster_config_error(
+    monkeypatch, key
+) -> None:
     set_tf_config(monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": 0}, key: 5})
-    with pytest.raises(ClusterConfigError, match=f"^TF_CONFIG: {key}: expected a string, got a number 5"):
+    with pytest.raises(
+        ClusterConfigError, match=f"^TF_CONFIG: {key}: expected a string, got a number 5"
+    ):
         TFConfigClusterResolver().master()
 
 
 def test_null_rpc_layer_means_none(monkeypatch) -> None:
-    set_tf_config(monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": 0}, "rpc_layer": None})
+    set_tf_config(
+        monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": 0}, "rpc_layer": None}
+    )
     assert TFConfigClusterResolver().master() == "w0:2222"
 
 
@@ -344,7 +400,7 @@ def test_a_bad_field_fails_only_the_calls_that_read_it(monkeypatch) -> None:
     with pytest.raises(ClusterConfigError, match="cluster.worker"):
         resolver.cluster_spec()
     with pytest.raises(ClusterConfigError, match="task.index"):
-        resolver.task_id
+        _ = resolver.task_id
     set_tf_config(monkeypatch, {"cluster": CLUSTER, "task": {"type": "worker", "index": "x"}})
     assert resolver.master("chief", 0) == "c0:2222"
 
@@ -356,8 +412,11 @@ def test_10000_worker_tf_config_resolves_well_under_a_second(monkeypatch) -> Non
     workers = [f"worker-{i}.train.svc:2222" for i in range(10_000)]
     set_tf_config(
         monkeypatch,
-        {"cluster": {"chief": ["chief-0:2222"], "worker": workers},
-         "task": {"type": "worker", "index": 9_999}, "rpc_layer": "grpc"},
+        {
+            "cluster": {"chief": ["chief-0:2222"], "worker": workers},
+            "task": {"type": "worker", "index": 9_999},
+            "rpc_layer": "grpc",
+        },
     )
     started = time.perf_counter()
     resolver = TFConfigClusterResolver()

@@ -1,0 +1,130 @@
+"""Communication options, mirroring ``tf.distribute.experimental.CommunicationOptions``.
+
+The environment is read here and nowhere else in the package (:func:`algorithm_from_env`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "ALGORITHM_ENV",
+    "Algorithm",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "algorithm_from_env",
+]
+
+
+class CommunicationImplementation(enum.Enum):
+    """Which implementation carries the collectives, like TensorFlow's enum of the same name.
+
+    - ``AUTO``: chosen by the runtime (recursive doubling for small messages, ring for large).
+    - ``RING``: the ring algorithms for every size.
+    - ``NCCL``: NVIDIA NCCL for GPU all-reduce inside a host; between processes, and on CPU, it
+      falls back to ``RING`` exactly as TensorFlow documents for its own ``NCCL`` value.
+    """
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+@dataclass(frozen=True)
+class CommunicationOptions:
+    """Options for cross-process collectives (``tf.distribute.experimental.CommunicationOptions``).
+
+    - ``bytes_per_pack``: ``all_reduce_many`` fuses consecutive tensors of one dtype into packs of
+      at most this many bytes (a larger tensor travels alone). ``0`` lets the runtime decide: every
+      tensor below a default size goes into one pack per dtype.
+    - ``timeout_seconds``: deadline of each collective call. ``None`` (or ``0``, which disables
+      the timeout in TensorFlow too) means no deadline.
+    - ``implementation``: a :class:`CommunicationImplementation` or its name (any case, as
+      TensorFlow accepts).
+
+    Raises ``ValueError`` (as TensorFlow does) or ``TypeError`` with a message saying how to fix.
+    """
+
+    bytes_per_pack: int = 0
+    timeout_seconds: float | None = None
+    implementation: CommunicationImplementation = CommunicationImplementation.AUTO
+
+    def __post_init__(self) -> None:
+        bpp = self.bytes_per_pack
+        if isinstance(bpp, bool) or not isinstance(bpp, int):
+            raise TypeError(
+                f"CommunicationOptions: bytes_per_pack must be an int number of bytes, got "
+                f"{bpp!r}; pass e.g. bytes_per_pack=32 * 1024 * 1024, or 0 for automatic packing"
+            )
+        if bpp < 0:
+            raise ValueError(
+                f"CommunicationOptions: bytes_per_pack must be >= 0, got {bpp}; use 0 to let "
+                "the runtime choose the pack size"
+            )
+        timeout = self.timeout_seconds
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+                raise TypeError(
+                    f"CommunicationOptions: timeout_seconds must be a number of seconds or None, "
+                    f"got {timeout!r}"
+                )
+            if math.isnan(timeout) or timeout < 0:
+                raise ValueError(
+                    f"CommunicationOptions: timeout_seconds must be > 0 (or None / 0 for no "
+                    f"timeout), got {timeout!r}"
+                )
+        impl = self.implementation
+        if isinstance(impl, str):
+            try:
+                impl = CommunicationImplementation(impl.upper())
+            except ValueError:
+                raise ValueError(
+                    f"CommunicationOptions: unknown implementation {self.implementation!r}; "
+                    f"use one of {_implementation_names()}"
+                ) from None
+            object.__setattr__(self, "implementation", impl)
+        if not isinstance(impl, CommunicationImplementation):
+            raise ValueError(
+                f"CommunicationOptions: implementation must be a CommunicationImplementation, "
+                f"got {impl!r} ({type(impl).__name__}); use one of {_implementation_names()}"
+            )
+
+    @property
+    def deadline_seconds(self) -> float | None:
+        """``timeout_seconds`` with TensorFlow's "0 disables the timeout" applied."""
+        return self.timeout_seconds or None
+
+
+def _implementation_names() -> str:
+    return ", ".join(f"CommunicationImplementation.{m.name}" for m in CommunicationImplementation)
+
+
+class Algorithm(enum.Enum):
+    """The all-reduce algorithm a group uses; ``AUTO`` picks by message size."""
+
+    AUTO = "auto"
+    RING = "ring"
+    DOUBLING = "doubling"
+
+
+ALGORITHM_ENV = "CLUSTER_COLLECTIVE_ALGORITHM"
+
+
+def algorithm_from_env(environ: Mapping[str, str] | None = None) -> Algorithm:
+    """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``).
+
+    Unset or empty means ``AUTO``. Raises ``ValueError`` naming the variable for other values.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(ALGORITHM_ENV, "").strip().lower()
+    if not raw:
+        return Algorithm.AUTO
+    try:
+        return Algorithm(raw)
+    except ValueError:
+        valid = ", ".join(a.value for a in Algorithm)
+        raise ValueError(f"{ALGORITHM_ENV}={raw!r} is not one of: {valid}") from None
