@@ -9,7 +9,7 @@ from resolver.errors import ClusterConfigError
 from resolver.slurm import SlurmClusterResolver
 from resolver.tfconfig import TFConfigClusterResolver
 
-# TensorFlow exports the union resolver as ``UnionResolver``; its class name is UnionClusterResolver.
+# TensorFlow exports the union resolver as ``UnionResolver``; its class is UnionClusterResolver.
 UnionResolver = UnionClusterResolver
 
 __all__ = [

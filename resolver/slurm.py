@@ -238,10 +238,10 @@ class SlurmClusterResolver(ClusterResolver):
     0.. are given node10's addresses. Name nodes with zero padding (``node[09-10]``) to keep
     Slurm's and TF's orders the same.
 
-    Unlike TF: 0 GPUs per task works (TF divides by zero); when ``CUDA_VISIBLE_DEVICES`` at construction
-    lists all of the node's GPUs, slices are taken from that list, so a step given GPUs ``2,3``
-    hands out 2 and 3 (TF: 0 and 1, GPUs that are not the step's); malformed Slurm values raise
-    ``ClusterConfigError``.
+    Unlike TF: 0 GPUs per task works (TF divides by zero); when ``CUDA_VISIBLE_DEVICES`` at
+    construction lists all of the node's GPUs, slices are taken from that list, so a step given
+    GPUs ``2,3`` hands out 2 and 3 (TF: 0 and 1, GPUs that are not the step's); malformed Slurm
+    values raise ``ClusterConfigError``.
     """
 
     def __init__(

@@ -56,7 +56,7 @@ def generate(out_root: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO, help="root to write under (default: repo)")
+    parser.add_argument("--out", type=Path, default=REPO, help="root to write under")
     args = parser.parse_args(argv)
     written = generate(args.out)
     for path in written:

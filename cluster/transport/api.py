@@ -98,6 +98,7 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release connections and threads; idempotent."""
 
+    @abc.abstractmethod
     def check(self) -> None:
         """Raise the group's failure, if any, without waiting."""
 

@@ -419,7 +419,7 @@ class GrpcTransport(Transport):
             return
         request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
         calls = []
-        for rank, channel in self._channels.items():
+        for channel in self._channels.values():
             method = channel.unary_unary(
                 f"/{SERVICE}/Abort",
                 request_serializer=collective_pb2.AbortRequest.SerializeToString,

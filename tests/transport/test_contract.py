@@ -45,7 +45,8 @@ def test_recv_matches_by_key_not_by_arrival_order(make_group) -> None:
     for step in range(5):
         a.send(1, key(3, step), bytes([step]) * 3, deadline=Deadline.after(5))
     for step in reversed(range(5)):
-        assert bytes(b.recv(0, key(3, step), deadline=Deadline.after(5)).payload) == bytes([step]) * 3
+        got = b.recv(0, key(3, step), deadline=Deadline.after(5)).payload
+        assert bytes(got) == bytes([step]) * 3
 
 
 def test_same_key_from_different_sources_is_kept_apart(make_group) -> None:

@@ -1,0 +1,190 @@
+"""All-reduce bus bandwidth: cluster-runtime's gRPC ring beside torch.distributed gloo, one run.
+
+    uv run python bench/allreduce.py                       # N = 2, 3, 4; 4 KiB .. 256 MiB
+    uv run python bench/allreduce.py --nprocs 2 --sizes 4K,64M --iters 20
+
+Each N is one launch of N fresh processes on loopback per library. Every iteration starts after
+a barrier; its time is the slowest rank's; the table shows the median over ``--iters``
+iterations after ``--warmup``. busbw = algbw * 2(N-1)/N (nccl-tests' convention), with
+algbw = bytes / time. ``x gloo`` is gloo's time over ours: above 1 we are faster.
+
+gloo needs torch (a benchmark extra, never a runtime dependency): ``pip install torch==2.13.0``
+into the environment (``uv pip install torch==2.13.0``); without it only our columns are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from cluster.testing import run_group  # noqa: E402
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in UNITS:
+        return int(float(text[:-1]) * UNITS[text[-1]])
+    return int(text)
+
+
+def fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+# -- ours ------------------------------------------------------------------------------------
+
+
+def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str) -> dict:
+    from cluster.collectives import (
+        CollectiveGroup,
+        CommunicationImplementation,
+        CommunicationOptions,
+        ReduceOp,
+    )
+
+    options = CommunicationOptions(
+        timeout_seconds=120,
+        implementation=CommunicationImplementation[impl.upper()],
+    )
+    group = CollectiveGroup(transport, name="bench", options=options)
+    times: dict[int, list[float]] = {}
+    for size in sizes:
+        x = np.ones(size // 4, dtype=np.float32)
+        per_iter = []
+        for i in range(warmup + iters):
+            group.barrier()
+            start = time.perf_counter()
+            out = group.all_reduce(x, ReduceOp.SUM)
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                per_iter.append(elapsed)
+        assert out.size == 0 or float(out.flat[0]) == transport.world_size
+        times[size] = per_iter
+    return times
+
+
+def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str) -> dict[int, float]:
+    outcomes = run_group(_ours_rank, n, args=(sizes, iters, warmup, impl), timeout=1800,
+                         env={"CLUSTER_TOKEN": os.urandom(16).hex()})
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise RuntimeError(f"ours, N={n}: {failed[0].error_type}: {failed[0].traceback}")
+    return _slowest_rank_medians([o.result for o in outcomes], sizes)
+
+
+def _slowest_rank_medians(per_rank: list[dict[int, list[float]]], sizes: list[int]) -> dict:
+    return {s: statistics.median(max(r[s][i] for r in per_rank) for i in range(len(per_rank[0][s])))
+            for s in sizes}
+
+
+# -- gloo ------------------------------------------------------------------------------------
+
+
+def _gloo_rank(rank: int, n: int, port: int, sizes: list[int], iters: int, warmup: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    times = {}
+    for size in sizes:
+        x = torch.ones(size // 4, dtype=torch.float32)
+        per_iter = []
+        for i in range(warmup + iters):
+            y = x.clone()
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(y, op=dist.ReduceOp.SUM)
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                per_iter.append(elapsed)
+        times[size] = per_iter
+    dist.destroy_process_group()
+    q.put((rank, times))
+
+
+def bench_gloo(n: int, sizes: list[int], iters: int, warmup: int) -> dict[int, float] | None:
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, n, port, sizes, iters, warmup, q))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(q.get(timeout=1800) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return _slowest_rank_medians([results[r] for r in range(n)], sizes)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def busbw(size: int, n: int, seconds: float) -> float:
+    return size / seconds * 2 * (n - 1) / n / 1e9 if n > 1 else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", default="2,3,4", help="comma list of process counts")
+    parser.add_argument("--sizes", default="4K,64K,1M,4M,16M,64M,256M", help="comma list")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--impl", default="auto", choices=["auto", "ring"],
+                        help="our algorithm choice (CommunicationImplementation)")
+    parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = []
+    print("| N | size | ours ms | ours busbw GB/s | gloo ms | gloo busbw GB/s | x gloo |")
+    print("|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.nprocs.split(",")):
+        ours = bench_ours(n, sizes, args.iters, args.warmup, args.impl)
+        gloo = None if args.no_gloo else bench_gloo(n, sizes, args.iters, args.warmup)
+        for size in sizes:
+            t = ours[size]
+            g = gloo[size] if gloo else None
+            row = {"n": n, "bytes": size, "ours_s": t, "ours_busbw": busbw(size, n, t),
+                   "gloo_s": g, "gloo_busbw": busbw(size, n, g) if g else None,
+                   "ratio": (g / t) if g else None}
+            rows.append(row)
+            gcols = (f"{g * 1e3:.2f} | {row['gloo_busbw']:.2f} | {row['ratio']:.2f}x"
+                     if g else "- | - | -")
+            print(f"| {n} | {fmt_size(size)} | {t * 1e3:.2f} | {row['ours_busbw']:.2f} | {gcols} |",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
