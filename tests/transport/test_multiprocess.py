@@ -26,8 +26,14 @@ def _all_connected(transport) -> None:
 
 def _victim_dies_others_wait(transport, victim: int):
     _all_connected(transport)
+    # The victim dies only once every survivor has finished the handshake above (a failure
+    # poisons the whole group, so dying earlier would fail the handshake instead).
     if transport.rank == victim:
+        for r in range(transport.world_size):
+            if r != victim:
+                transport.recv(r, MessageKey("acked", 0, 0), deadline=Deadline.after(10))
         os.kill(os.getpid(), signal.SIGKILL)
+    transport.send(victim, MessageKey("acked", 0, 0), b"", deadline=Deadline.after(10))
     # Rank 0 waits on rank 1, which waits on the victim: rank 0 has no stream from the victim
     # that could break, so it must learn through heartbeats or an abort.
     src = (transport.rank + 1) % transport.world_size
