@@ -31,7 +31,7 @@ from cluster.errors import (
     PeerUnavailableError,
     TransportClosedError,
 )
-from cluster.transport import _framing
+from cluster.transport import _framing, _malloc
 from cluster.transport._grpc_errors import translate
 from cluster.transport._mailbox import Mailbox
 from cluster.transport._pb import collective_pb2
@@ -234,6 +234,7 @@ class GrpcTransport(Transport):
         self.world_size = len(peers)
         self.token = token
         self.closed = False
+        _malloc.tune_for_large_buffers()
         self._peers = list(peers)
         self._me = peers[rank]
         self._endpoint = endpoint

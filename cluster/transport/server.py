@@ -16,14 +16,24 @@ log = logging.getLogger(__name__)
 _UNLIMITED = -1
 # Tensor frames are bounded by the sender (see grpc_transport.MAX_FRAME_BYTES), so message size
 # limits only get in the way; ports must never be shared silently (grpcio's SO_REUSEPORT default).
+# Bulk tensor streams: HTTP/2 frames as large as the protocol allows (default 16 KiB) and large
+# socket reads cut per-byte overhead; measured in bench/ (about +10% on 1-4 MiB frames here).
+_BULK_OPTIONS = (
+    ("grpc.http2.max_frame_size", (1 << 24) - 1),
+    ("grpc.experimental.tcp_read_chunk_size", 4 << 20),
+    ("grpc.experimental.tcp_min_read_chunk_size", 1 << 20),
+    ("grpc.experimental.tcp_max_read_chunk_size", 16 << 20),
+)
 SERVER_OPTIONS = (
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", _UNLIMITED),
     ("grpc.max_send_message_length", _UNLIMITED),
+    *_BULK_OPTIONS,
 )
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", _UNLIMITED),
     ("grpc.max_send_message_length", _UNLIMITED),
+    *_BULK_OPTIONS,
     # Reconnect quickly when a peer comes up after us (default backoff reaches 120 s).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
