@@ -1,0 +1,164 @@
+"""Array families (NumPy, scalars, CuPy) and the packing plan of all_reduce_many."""
+
+from __future__ import annotations
+
+import sys
+import types
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from cluster.collectives import ReduceOp
+from cluster.collectives._arrays import stage
+from cluster.collectives._packing import describe, pack, plan_packs, unpack
+
+from ._threads import make_groups, run_ranks
+
+# -- families ------------------------------------------------------------------------------------
+
+
+def test_numpy_arrays_are_staged_without_a_copy() -> None:
+    x = np.arange(4)
+    staged = stage(x)
+    assert staged.array is x and not staged.owned and staged.restore(x) is x
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "back"),
+    [
+        (1.5, "float64", np.float64),
+        (3, "int64", np.int64),
+        (np.float32(2), "float32", np.float32),
+        (np.int32(7), "int32", np.int32),
+    ],
+)
+def test_scalars_become_owned_0d_arrays_and_come_back_as_numpy_scalars(value, dtype, back) -> None:
+    staged = stage(value)
+    assert staged.owned and staged.array.shape == () and staged.array.dtype == np.dtype(dtype)
+    assert type(staged.restore(staged.array)) is back
+
+
+@pytest.mark.parametrize("value", [[1, 2], True, "x", None, b"ab"])
+def test_other_values_are_a_type_error_naming_the_families(value: object) -> None:
+    with pytest.raises(TypeError, match=r"supported: numpy.ndarray, NumPy scalars.*np.asarray"):
+        stage(value, "all_reduce")
+
+
+class _FakeCupyArray:
+    """Just enough of cupy.ndarray: a device id and host conversion through the module."""
+
+    def __init__(self, host: np.ndarray, device: int) -> None:
+        self.host = host
+        self.device = types.SimpleNamespace(id=device)
+
+
+def _fake_cupy() -> types.ModuleType:
+    cupy = types.ModuleType("cupy")
+    current = {"device": 0}
+
+    @contextmanager
+    def device(device_id: int):
+        previous, current["device"] = current["device"], device_id
+        try:
+            yield
+        finally:
+            current["device"] = previous
+
+    cupy.ndarray = _FakeCupyArray
+    cupy.asnumpy = lambda a: a.host.copy()
+    cupy.asarray = lambda a: _FakeCupyArray(np.asarray(a), current["device"])
+    cupy.cuda = types.SimpleNamespace(Device=device)
+    return cupy
+
+
+def test_cupy_arrays_are_staged_through_the_host_and_return_on_their_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    hub, groups = make_groups(2)
+    inputs = [_FakeCupyArray(np.full(3, r + 1.0, np.float32), device=r) for r in range(2)]
+    results = run_ranks(lambda r: groups[r].all_reduce(inputs[r], ReduceOp.SUM), 2)
+    for r, out in enumerate(results):
+        assert isinstance(out, _FakeCupyArray) and out.device.id == r
+        assert out.host.dtype == np.float32 and out.host.tolist() == [3.0, 3.0, 3.0]
+    assert inputs[0].host.tolist() == [1.0, 1.0, 1.0]  # the caller's device array is untouched
+
+
+@pytest.mark.gpu
+def test_real_cupy_all_reduce() -> None:
+    cupy = pytest.importorskip("cupy")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        count = 0
+    if count == 0:
+        pytest.skip("no visible GPU")
+    hub, groups = make_groups(2)
+    inputs = [cupy.arange(5, dtype=cupy.float32) * (r + 1) for r in range(2)]
+    results = run_ranks(lambda r: groups[r].all_reduce(inputs[r]), 2)
+    for out in results:
+        assert isinstance(out, cupy.ndarray) and out.device.id == inputs[0].device.id
+        assert cupy.asnumpy(out).tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]
+
+
+# -- packing -------------------------------------------------------------------------------------
+
+F4, F8, I8 = np.dtype("float32"), np.dtype("float64"), np.dtype("int64")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "bytes_per_pack", "fuse_below", "packs"),
+    [
+        ([], 0, 100, []),
+        ([(F4, 8), (F4, 8), (F4, 8)], 16, 100, [[0, 1], [2]]),
+        ([(F4, 8), (F4, 40), (F4, 8)], 16, 100, [[0], [1], [2]]),  # a big one travels alone
+        ([(F4, 8), (F8, 8), (F4, 8), (F8, 8)], 64, 100, [[0, 2], [1, 3]]),  # one dtype per pack
+        ([(F4, 8), (F4, 200), (F4, 8), (I8, 8)], 0, 100, [[0, 2], [1], [3]]),  # 0: fuse small
+        ([(F4, 0), (F4, 0)], 1, 100, [[0, 1]]),  # empty tensors fit anywhere
+    ],
+)
+def test_plan_packs_table(tensors, bytes_per_pack, fuse_below, packs) -> None:
+    assert plan_packs(tensors, bytes_per_pack, fuse_below) == packs
+
+
+def test_pack_and_unpack_round_trip_mixed_shapes_and_layouts() -> None:
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    arrays = [base[::2, ::3], np.float32(5) * np.ones(()), np.zeros((0, 3), np.float32), base.T]
+    buffer, ranges = pack(arrays)
+    assert buffer.size == sum(a.size for a in arrays) and buffer.flags.c_contiguous
+    for original, view in zip(
+        arrays, unpack(buffer, ranges, [a.shape for a in arrays]), strict=True
+    ):
+        assert view.shape == original.shape and np.array_equal(view, original)
+
+
+def test_describe_differs_whenever_a_shape_or_dtype_differs() -> None:
+    a = describe([np.ones((2, 3)), np.ones(4, np.float32)])
+    assert a == describe([np.zeros((2, 3)), np.zeros(4, np.float32)])
+    assert a != describe([np.ones((3, 2)), np.ones(4, np.float32)])
+    assert a != describe([np.ones(4, np.float32), np.ones((2, 3))])
+    assert "1xfloat64 (6 elements), 1xfloat32 (4 elements)" in a
+
+
+# -- layering ------------------------------------------------------------------------------------
+
+
+def test_collectives_never_import_grpc() -> None:
+    # STYLE.md practice 1: the same code runs over every transport; only cluster/transport/
+    # (and the servicers) may import grpc.
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "cluster" / "collectives"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "grpc"]
+            offenders += [f"{path.name}: {n}" for n in names if "grpc_transport" in n]
+    assert not offenders, offenders
