@@ -1,0 +1,32 @@
+"""Collectives between the ranks of a group, over any :class:`~cluster.transport.api.Transport`.
+
+Pipelined ring all-reduce (reduce-scatter + all-gather) for large messages, recursive doubling for
+small ones, plus all-gather, broadcast, reduce-scatter and barrier, with ordering/mismatch checks,
+deadlines and group-wide abort. Nothing here imports grpc: the same code runs over the gRPC and
+the in-process transports.
+
+>>> from cluster.transport.inproc import InProcessHub
+>>> hub = InProcessHub(1)
+>>> CollectiveGroup(hub.transports[0]).all_reduce(3.0)
+np.float64(3.0)
+"""
+
+from __future__ import annotations
+
+from cluster.collectives.group import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_SMALL_MESSAGE_BYTES,
+    CollectiveGroup,
+)
+from cluster.collectives.ops import SUPPORTED_DTYPES, ReduceOp
+from cluster.collectives.options import CommunicationImplementation, CommunicationOptions
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_SMALL_MESSAGE_BYTES",
+    "SUPPORTED_DTYPES",
+    "CollectiveGroup",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "ReduceOp",
+]

@@ -1,0 +1,162 @@
+"""One collective call's view of the transport: message keys, deadline, signatures, handshake.
+
+Mismatch detection. Every message of a collective is keyed ``(group, seq, step, chunk)`` and the
+first message a rank sends to each peer carries the collective's *signature* (kind, op, dtype,
+shape, algorithm, chunk size); a receiver compares it with its own and raises
+:class:`CollectiveMismatchError` on a difference. Checking only the messages an algorithm happens
+to exchange is not enough: ranks running different algorithms (because their sizes differ) may
+each wait for a key the other never sends, and nobody ever looks at the mismatching messages.
+
+So every algorithm, on every rank, also obeys the *ring handshake*: the first message it sends to
+its right neighbour ``(rank + 1) % size`` is keyed ``(step 0, chunk 0)`` and signed, and before it
+uses any received data it checks the ``(0, 0)`` message from its left neighbour. The ring's own
+first message is exactly that (``piggyback``); other algorithms send an empty one first and use
+steps >= 1 for data. The handshakes form a cycle through all ranks, so if any two ranks disagree,
+some adjacent pair does, and its right-hand rank raises before waiting for anything else, then
+aborts the group so every rank fails. A received ``(0, 0)`` message whose meaning differs
+(data vs. handshake) always carries a different signature, so even that is caught.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cluster.errors import CollectiveMismatchError
+from cluster.transport.api import MessageKey, Received, Transport
+from cluster.transport.deadline import Deadline
+
+__all__ = ["Exchange"]
+
+_EMPTY = b""
+
+
+class Exchange:
+    """Sends and receives the messages of collective ``seq`` of ``group`` under one deadline.
+
+    Algorithms call :meth:`begin` first, then :meth:`send` / :meth:`recv` with (peer, step,
+    chunk); the caller ends with :meth:`end`. ``recv`` returns a read-only NumPy view of the
+    received bytes (no copy), to be reduced or copied from at once.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        group: str,
+        seq: int,
+        kind: str,
+        signature: str,
+        deadline: Deadline,
+    ) -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.world_size
+        self.left = (self.rank - 1) % self.size
+        self.right = (self.rank + 1) % self.size
+        self.group = group
+        self.seq = seq
+        self.kind = kind
+        self.signature = signature
+        self.deadline = deadline
+        self._signed: set[int] = set()
+        self._begun = False
+        self._piggyback_recv = False
+        self._handshake_checked = False
+
+    # -- the handshake ---------------------------------------------------------------------------
+
+    def begin(self, *, piggyback_send: bool, piggyback_recv: bool) -> None:
+        """Start the handshake (see the module docstring); later calls do nothing.
+
+        ``piggyback_send``: this rank's first message to its right neighbour is data keyed
+        ``(0, 0)``, sent before this rank blocks on anything. ``piggyback_recv``: its first
+        ``recv`` is the ``(0, 0)`` data message from its left neighbour. Otherwise an empty
+        handshake is sent now / received before the first ``recv``, and data uses steps >= 1.
+        """
+        if self._begun:
+            return
+        self._begun = True
+        if not piggyback_send:
+            self._send_bytes(self.right, 0, 0, _EMPTY)
+        self._piggyback_recv = piggyback_recv
+
+    def end(self) -> None:
+        """Complete the handshake if the algorithms did not (a broadcast root, no data at all)."""
+        self.begin(piggyback_send=False, piggyback_recv=False)
+        if not self._handshake_checked:
+            self._check_handshake(self._recv_raw(self.left, 0, 0))
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def send(self, dst: int, step: int, chunk: int, data: np.ndarray) -> None:
+        """Send the bytes of the contiguous 1-D array ``data``; it may be reused on return."""
+        assert self._begun, "Exchange.begin() must come first"
+        payload = memoryview(data.view(np.uint8)) if data.size else _EMPTY
+        self._send_bytes(dst, step, chunk, payload)
+
+    def recv(self, src: int, step: int, chunk: int, dtype: np.dtype, count: int) -> np.ndarray:
+        """Wait for the message ``src`` sent under (step, chunk): ``count`` items of ``dtype``."""
+        assert self._begun, "Exchange.begin() must come first"
+        if not self._handshake_checked:
+            piggybacked = (src, step, chunk) == (self.left, 0, 0)
+            if self._piggyback_recv:
+                # An algorithm that declares piggyback_recv receives (left, 0, 0) first.
+                assert piggybacked, f"{self.kind}: first recv {(src, step, chunk)} is not (0, 0)"
+                received = self._recv_raw(src, 0, 0)
+                self._check_handshake(received)
+                return self._as_array(src, step, chunk, received, dtype, count)
+            self._check_handshake(self._recv_raw(self.left, 0, 0))
+        received = self._recv_raw(src, step, chunk)
+        if received.signature:
+            self._check_signature(src, received.signature)
+        return self._as_array(src, step, chunk, received, dtype, count)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _key(self, step: int, chunk: int) -> MessageKey:
+        return MessageKey(self.group, self.seq, step, chunk)
+
+    def _send_bytes(self, dst: int, step: int, chunk: int, payload: bytes | memoryview) -> None:
+        signature = ""
+        if dst not in self._signed:
+            self._signed.add(dst)
+            signature = self.signature
+        self.transport.send(
+            dst, self._key(step, chunk), payload, deadline=self.deadline, signature=signature
+        )
+
+    def _recv_raw(self, src: int, step: int, chunk: int) -> Received:
+        return self.transport.recv(src, self._key(step, chunk), deadline=self.deadline)
+
+    def _check_handshake(self, received: Received) -> None:
+        # The handshake is always the first message the left neighbour sends us, hence signed;
+        # an unsigned one means it runs a different message pattern.
+        self._check_signature(self.left, received.signature)
+        self._handshake_checked = True
+
+    def _check_signature(self, src: int, theirs: str) -> None:
+        if theirs == self.signature:
+            return
+        peers = self.transport.peers
+        raise CollectiveMismatchError(
+            f"collective #{self.seq} of group {self.group!r} differs between ranks: "
+            f"{peers[self.rank]} (rank {self.rank}) runs {self.signature!r} but "
+            f"{peers[src]} (rank {src}) runs {theirs or '<unsigned message>'!r}. Every rank "
+            "must make the same collective calls in the same order, with the same op, dtype, "
+            "shape and options"
+        )
+
+    def _as_array(
+        self, src: int, step: int, chunk: int, received: Received, dtype: np.dtype, count: int
+    ) -> np.ndarray:
+        expected = count * dtype.itemsize
+        payload = received.payload
+        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+        if size != expected:
+            peers = self.transport.peers
+            raise CollectiveMismatchError(
+                f"collective #{self.seq} of group {self.group!r} ({self.signature!r}): "
+                f"{peers[src]} (rank {src}) sent {size} bytes at step {step} "
+                f"chunk {chunk}, {peers[self.rank]} (rank {self.rank}) expected {expected}"
+            )
+        return np.frombuffer(payload, dtype=dtype, count=count)
