@@ -92,13 +92,14 @@ def test_collectives_match_numpy_and_are_bitwise_identical_across_processes(worl
             tol = 2e-2 if dtype == "float16" else 1e-5
             np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * 8,
                                        err_msg=f"case {case}: {dtype} {op} {shape}")
-    for rank, o in enumerate(outcomes):
-        _, gathered, broadcast, scattered = o.result
-        assert np.array_equal(gathered, np.repeat(np.arange(world, dtype=np.int32), 2)[:, None]
-                              * np.ones((1, 3), np.int32))
+    expected_gather = np.repeat(np.arange(world, dtype=np.int32), 2)[:, None] * np.ones((1, 3),
+                                                                                        np.int32)
+    for o in outcomes:
+        _, gathered, broadcast, _ = o.result
+        assert np.array_equal(gathered, expected_gather)
         assert np.array_equal(broadcast, np.arange(100_000, dtype=np.float32) * 2)
-        full = sum(np.arange(10, dtype=np.int64) + r for r in range(world))
-        assert np.array_equal(np.concatenate([x.result[3] for x in outcomes]), full)
+    full = sum(np.arange(10, dtype=np.int64) + r for r in range(world))
+    assert np.array_equal(np.concatenate([o.result[3] for o in outcomes]), full)
 
 
 def _all_reduce_until_victim_dies(transport, victim: int):
