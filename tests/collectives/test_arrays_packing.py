@@ -87,7 +87,7 @@ def test_cupy_arrays_are_staged_through_the_host_and_return_on_their_device(
 
 @pytest.mark.gpu
 def test_real_cupy_all_reduce() -> None:
-    cupy = pytest.importorskip("cupy")
+    cupy = pytest.importorskip("cupy", reason="no GPU here: CuPy is not installed (extra 'gpu')")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError:
