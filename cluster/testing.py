@@ -44,7 +44,7 @@ class GroupTimeoutError(TimeoutError):
     """Some rank neither finished nor died before the deadline; all were killed."""
 
 
-def _child(rank: int, world: int, fn: Callable, args: tuple, conn, env: dict[str, str],
+def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
            options: dict[str, Any]) -> None:
     os.environ.update(env)
     import time
@@ -105,7 +105,7 @@ def run_group(
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=_child, name=f"worker:{rank}",
-                               args=(rank, world_size, fn, args, child_end, env or {}, options))
+                               args=(rank, fn, args, child_end, env or {}, options))
             proc.start()
             child_end.close()
             procs.append(proc)

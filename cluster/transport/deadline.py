@@ -28,10 +28,6 @@ class Deadline:
             raise ValueError(f"timeout must be >= 0 seconds, got {seconds!r}")
         return cls(time.monotonic() + seconds)
 
-    @classmethod
-    def never(cls) -> Deadline:
-        return cls(math.inf)
-
     def remaining(self) -> float:
         """Seconds left, never negative; ``math.inf`` for a deadline that never expires."""
         return max(0.0, self.at - time.monotonic())
@@ -43,7 +39,3 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return time.monotonic() >= self.at
-
-    def sooner(self, seconds: float) -> Deadline:
-        """This deadline or ``seconds`` from now, whichever comes first."""
-        return Deadline(min(self.at, time.monotonic() + seconds))

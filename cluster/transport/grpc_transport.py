@@ -242,7 +242,8 @@ class GrpcTransport(Transport):
         self._max_frame = max_frame_bytes
         self._mailbox = Mailbox(lambda r: str(self._peers[r]))
         self._departed: set[int] = set()
-        self._partial: dict[tuple[int, MessageKey], tuple[bytearray, list[int]]] = {}
+        # Payloads that arrive as several frames: (src, key) -> [buffer, bytes so far, signature].
+        self._partial: dict[tuple[int, MessageKey], list] = {}
         self._partial_lock = threading.Lock()
         self._channels: dict[int, grpc.Channel] = {}
         self._outboxes: dict[int, _Outbox] = {}
@@ -368,19 +369,17 @@ class GrpcTransport(Transport):
             return
         with self._partial_lock:
             slot = (src, key)
-            if slot not in self._partial:
-                self._partial[slot] = (bytearray(header.total_bytes), [0, 0])
-            buf, state = self._partial[slot]
-            if header.offset == 0:
-                state[1] = 0
+            entry = self._partial.setdefault(slot, [bytearray(header.total_bytes), 0, ""])
+            buf = entry[0]
             buf[header.offset:header.offset + len(data)] = data
-            state[0] += len(data)
-            done = state[0] >= header.total_bytes
+            entry[1] += len(data)
+            if header.offset == 0:
+                entry[2] = header.signature  # only the first frame of a payload carries it
+            done = entry[1] >= header.total_bytes
             if done:
                 del self._partial[slot]
-            signature = header.signature
         if done:
-            self._mailbox.put(src, key, Received(memoryview(buf), signature))
+            self._mailbox.put(src, key, Received(memoryview(buf), entry[2]))
 
     # -- failure ----------------------------------------------------------------------------
 

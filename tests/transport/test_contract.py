@@ -134,3 +134,12 @@ def test_peers_lists_every_rank_in_order(make_group) -> None:
         assert [p.rank for p in t.peers] == [0, 1, 2]
         assert [p.task for p in t.peers] == ["worker:0", "worker:1", "worker:2"]
         assert t.world_size == 3
+
+
+def test_signature_survives_a_payload_split_into_frames(make_group) -> None:
+    a, b = make_group(2)
+    x = np.zeros(2_000_000, dtype=np.float32)  # 8 MB: two frames or more on gRPC
+    a.send(1, key(11), x, deadline=Deadline.after(20), signature="all_reduce SUM float32[2000000]")
+    got = b.recv(0, key(11), deadline=Deadline.after(20))
+    assert got.signature == "all_reduce SUM float32[2000000]"
+    assert len(got.payload) == x.nbytes
