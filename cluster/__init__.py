@@ -25,12 +25,17 @@ from cluster.strategies import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
+    ParameterServerStrategy,
     ReplicaContext,
     Strategy,
     StrategyExtended,
 )
 from cluster.values import Mirrored, PerReplica
 from cluster.variables import Variable, VariableAggregation, VariableSynchronization
+
+# isort: off
+from cluster import coordinator  # after the strategies: it builds on them
+# isort: on
 
 __all__ = [
     "CentralStorageStrategy",
@@ -42,6 +47,7 @@ __all__ = [
     "Mirrored",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "PerReplica",
     "ReduceOp",
     "ReplicaContext",
@@ -55,5 +61,6 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
     "metrics",
+    "coordinator",
     "optimizers",
 ]

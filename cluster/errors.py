@@ -18,6 +18,11 @@ __all__ = [
     "PeerFailedError",
     "PeerUnavailableError",
     "PeersNotReadyError",
+    "PsUnavailableError",
+    "FunctionCancelledError",
+    "FunctionTimeoutError",
+    "OutOfRangeError",
+    "RemoteFunctionError",
     "StaleStepError",
     "SyncTimeoutError",
     "TaskConfigError",
@@ -161,3 +166,34 @@ class StaleStepError(VariableStoreError):
 class SyncTimeoutError(VariableStoreError, TimeoutError):
     """A synchronous push waited past its deadline for the other contributors of its step; its
     own contribution was withdrawn, so pushing the same step again does not count it twice."""
+
+
+class PsUnavailableError(PeerUnavailableError):
+    """A parameter server died or stopped answering during parameter-server training. Its
+    variables are lost: the coordinator stops (restart the job, from a checkpoint if any)."""
+
+
+class FunctionCancelledError(ClusterError):
+    """A function scheduled on a ClusterCoordinator was not run because an earlier one failed
+    (``RemoteValue.fetch`` raises it; the failure itself is raised by ``join``/``schedule``)."""
+
+
+class FunctionTimeoutError(ClusterError, TimeoutError):
+    """A scheduled function ran on its worker longer than the coordinator's function timeout."""
+
+
+class OutOfRangeError(ClusterError):
+    """A scheduled function asked a per-worker iterator for more than its dataset holds
+    (``StopIteration`` on the worker), as ``tf.errors.OutOfRangeError``."""
+
+
+class RemoteFunctionError(ClusterError):
+    """A scheduled function raised an exception that could not be sent back as itself (it does
+    not pickle); ``error_type`` names its type, ``traceback`` is the worker's."""
+
+    def __init__(self, message: str, *, task: str = "", error_type: str = "",
+                 traceback: str = "") -> None:
+        super().__init__(message)
+        self.task = task
+        self.error_type = error_type
+        self.traceback = traceback

@@ -7,6 +7,8 @@ under a ``tf.distribute`` strategy. Scale the loss by the *global* batch size yo
 Keras custom loops) so the summed gradient is the global mean.
 
 Slots (momentum, Adam's moments) are variables of the same strategy, created on first use.
+Under ``ParameterServerStrategy`` the gradients are pushed to the parameter servers instead,
+which apply the same rule there, next to the slots they keep.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ class Optimizer:
                                 f"{type(variable).__name__} as a variable")
         if not pairs:
             raise ValueError("apply_gradients: no gradients provided for any variable")
+        owner = getattr(pairs[0][1], "_distribute_strategy", None)
+        if getattr(getattr(owner, "extended", None), "_applies_updates_remotely", False):
+            # Parameter-server variables: the gradients go to the parameter servers, which
+            # apply this optimizer's rule there (in any context: one replica per worker).
+            self.iterations += 1
+            owner.extended._push_gradients(self, pairs)
+            return self.iterations
         context = _context.get_replica_context()
         if context is None:
             raise RuntimeError(

@@ -114,12 +114,18 @@ class TaskRuntime:
     ``task_type``, ``task_id``, ``task`` (``"worker:1"``), ``address``, ``cluster_spec``,
     ``resolver``, ``token``, ``settings``.
 
+    ``services``: more gRPC services of this task (``{service name: {method: handler}}``),
+    served from the start, behind the same token check (``python -m ps`` adds the variable
+    store, ``python -m worker`` the coordinator's function service).
+
     Raises (constructor):
         AddressInUseError: the address is taken or not an address of this host.
     """
 
     def __init__(self, placement: Placement, resolver: ClusterResolver, token: Token,
-                 settings: RuntimeSettings | None = None) -> None:
+                 settings: RuntimeSettings | None = None,
+                 services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None
+                 ) -> None:
         self.placement = placement
         self.task_type = placement.task_type
         self.task_id = placement.task_id
@@ -137,6 +143,8 @@ class TaskRuntime:
                 "not an address of this machine", task=self.task, address=self.address) from e
         self._endpoint = CollectiveEndpoint.install(
             self._server, self.task, heartbeat_interval=self.settings.heartbeat_interval)
+        for service, handlers in (services or {}).items():
+            self._server.add_handlers(service, dict(handlers))
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
         self.control.on_shutdown = self._on_shutdown
@@ -399,13 +407,6 @@ class TaskRuntime:
             if _current is self:
                 _current = None
 
-    @property
-    def server(self) -> TaskServer:
-        """This task's gRPC server, for process entry points that add their own service
-        (``python -m ps`` adds the variable store); handlers added after start serve from then
-        on."""
-        return self._server
-
     def __repr__(self) -> str:
         return f"TaskRuntime({self.task} at {self.address})"
 
@@ -421,11 +422,14 @@ def current() -> TaskRuntime | None:
 
 
 def start(resolver: ClusterResolver | None = None, *,
-          connect_timeout: float | None = None) -> TaskRuntime:
+          connect_timeout: float | None = None,
+          services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None
+          ) -> TaskRuntime:
     """Start this process's task runtime, or return it if it already runs the same task.
 
     ``resolver`` defaults to ``TFConfigClusterResolver()``; ``connect_timeout`` overrides
-    ``CLUSTER_CONNECT_TIMEOUT`` (default 60 s) for peers and the collective handshake.
+    ``CLUSTER_CONNECT_TIMEOUT`` (default 60 s) for peers and the collective handshake;
+    ``services`` as for :class:`TaskRuntime` (ignored when the runtime already runs).
 
     Raises:
         TaskConfigError: the cluster or this task's place in it is invalid (the message says
@@ -449,7 +453,7 @@ def start(resolver: ClusterResolver | None = None, *,
                                        settings.heartbeat_timeout, settings.report_timeout)
         placement = resolve_placement(resolver)
         token = resolve_token([a for _, a in placement.tasks()])
-        _current = TaskRuntime(placement, resolver, token, settings)
+        _current = TaskRuntime(placement, resolver, token, settings, services)
         if not _atexit_registered:
             # Interpreter exit first joins non-daemon threads, including gRPC's handler pool
             # whose heartbeat streams only end when the runtime shuts down: a plain atexit hook

@@ -16,6 +16,7 @@ import sys
 from cluster import exitcodes, lifecycle, runtime
 from cluster.errors import AddressInUseError, ClusterError
 from cluster.ps.store import VariableStore
+from cluster.transport.ps_client import SERVICE
 from ps.servicer import PsService
 
 __all__ = ["main", "run"]
@@ -53,8 +54,10 @@ def run(argv: list[str]) -> int:
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
     lifecycle.install_termination_handlers((signal.SIGTERM, signal.SIGINT))
+    store = VariableStore()
+    service = PsService(store)
     try:
-        rt = runtime.start()
+        rt = runtime.start(services={SERVICE: service.handlers()})
     except AddressInUseError as e:
         return _startup_failed(e, exitcodes.EXIT_ADDRESS_IN_USE)
     except (ClusterError, ValueError) as e:
@@ -66,9 +69,7 @@ def run(argv: list[str]) -> int:
             _fail(f"TF_CONFIG makes this task {rt.task}: run it with `python -m worker SCRIPT`, "
                   "not `python -m ps`")
             return exitcodes.EXIT_USAGE
-        # TaskRuntime starts its server itself and has no public hook for more services yet;
-        # grpc accepts handlers added after start (calls before this line get UNIMPLEMENTED).
-        PsService(VariableStore(rt.task), rt.task).install(rt.server)
+        store.task = service.task = rt.task  # names the task in store errors
         print(f"{rt.task}: serving the variable store on {rt.address}", file=sys.stderr,
               flush=True)
         lifecycle.watch_launcher()

@@ -84,8 +84,11 @@ class PsService:
         remaining = context.time_remaining()
         deadline = None if remaining is None else Deadline.after(
             max(0.0, remaining - _REPLY_MARGIN))
+        contributor = request.contributor if request.HasField("contributor") else None
         versions = self.store.push(grads, step=request.step,
                                    num_contributors=max(1, request.num_contributors),
+                                   contributor=contributor, wait=not request.no_wait,
+                                   optimizer=optimizer_from_proto(request.optimizer),
                                    deadline=deadline)
         return ps_pb2.PushReply(versions=versions)
 

@@ -3,7 +3,8 @@
 Steps: validate ``TF_CONFIG`` strictly and start this task's server (``cluster.runtime.start``),
 wait until every peer answers a health check (``CLUSTER_CONNECT_TIMEOUT``, default 60 s), then
 run the script exactly like ``python SCRIPT ARGS`` (``__main__``, ``sys.argv``, ``sys.path[0]``)
-and exit with its code. With no script, serve until a Shutdown RPC, SIGTERM or SIGINT.
+and exit with its code. With no script, serve until a Shutdown RPC, SIGTERM or SIGINT: run the
+functions a ClusterCoordinator on the chief sends (``worker.servicer``).
 
 - SIGTERM unwinds the script (``finally`` blocks run) and exits 143.
 - An uncaught exception prints its traceback, tells every peer (their collectives fail naming
@@ -32,6 +33,7 @@ from cluster.errors import (
     PeersNotReadyError,
     PeerUnavailableError,
 )
+from worker.servicer import SERVICE, WorkerService
 
 __all__ = ["Command", "main", "parse_args", "run"]
 
@@ -109,8 +111,9 @@ def run(argv: list[str]) -> int:
     lifecycle.setup_logging()
     lifecycle.install_termination_handlers(
         (signal.SIGTERM, signal.SIGINT) if command.serve else (signal.SIGTERM,))
+    service = WorkerService() if command.serve else None
     try:
-        rt = runtime.start()
+        rt = runtime.start(services={SERVICE: service.handlers()} if service else None)
     except AddressInUseError as e:
         return _startup_failed(e, exitcodes.EXIT_ADDRESS_IN_USE)
     except (ClusterError, ValueError) as e:
@@ -123,7 +126,8 @@ def run(argv: list[str]) -> int:
                   "`python -m worker`")
             return exitcodes.EXIT_USAGE
         lifecycle.watch_launcher()
-        if command.serve:
+        if service is not None:
+            service.bind(rt.task, rt.token)
             return _serve(rt)
         try:
             rt.wait_for_peers()

@@ -3,7 +3,8 @@
 
 Exit codes: 0 success; 1 the run failed (the summary names the root cause); 2 bad command line or
 cluster file (nothing started); 124 the run exceeded ``timeouts.run``; 130/143 interrupted by
-SIGINT/SIGTERM (everything stopped).
+SIGINT/SIGTERM (everything stopped). With ``mode: coordinator`` a failed run exits with the
+chief's own exit code.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "validate":
         tasks = ", ".join(f"{job}:{i}" for job, i in spec.tasks())
-        print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}")
+        print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}")
         return 0
     if args.command == "render":
         return _render(spec, args.task)

@@ -12,6 +12,12 @@ wake-up fd, against deadlines; no sleeps, no polling):
   after ``timeouts.grace``); the policy (``cluster.ctl.policy``) then restarts the whole cluster
   or gives up; the summary names every task's exit code and the root cause;
 - success: the chief exited 0 (or every worker, with no chief); the rest are stopped;
+- ``mode: coordinator`` (parameter-server training): only the chief (and evaluators) run the
+  entrypoint, workers run ``python -m worker`` and serve; the chief's exit ends the run (the
+  others are stopped, which is no failure) and clusterctl exits with the chief's code; a worker
+  that dies is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, same
+  port) up to ``restart.max_worker_restarts`` times, then left down; a parameter server that
+  dies is not restarted (the chief's coordinator fails, naming it);
 - Ctrl-C / SIGTERM to clusterctl (``handle_signals=True``): everything is stopped, no orphans;
   tasks also stop by themselves if clusterctl dies (``CLUSTER_LAUNCHER_PID``).
 """
@@ -42,12 +48,13 @@ from cluster.runtime import ENV_CONNECT_TIMEOUT, ENV_HEARTBEAT_TIMEOUT
 from cluster.transport.auth import ENV_TOKEN
 from cluster.transport.deadline import Deadline
 
-__all__ = ["EXIT_RUN_FAILED", "EXIT_RUN_TIMEOUT", "LaunchError", "LaunchResult", "TaskResult",
-           "launch"]
+__all__ = ["EXIT_RUN_FAILED", "EXIT_RUN_TIMEOUT", "TASK_RESTART_DELAY", "LaunchError",
+           "LaunchResult", "TaskResult", "launch"]
 
 EXIT_RUN_FAILED = 1
 EXIT_RUN_TIMEOUT = 124
 PORT_RETRIES = 3
+TASK_RESTART_DELAY = 1.0  # seconds before a dead worker is started again (coordinator mode)
 _PIPE_DRAIN = 1.0  # seconds to wait for output after every task exited (an escaped grandchild)
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the worker/ and ps/ packages
 
@@ -59,13 +66,15 @@ class LaunchError(ClusterError):
 @dataclass
 class TaskResult:
     """How a task of the last attempt ended: its exit code (128 + N for signal N), whether
-    clusterctl had stopped it, the one-line cause, its log file."""
+    clusterctl had stopped it, the one-line cause, its log file, and how many times clusterctl
+    restarted it alone during the attempt (``mode: coordinator`` workers)."""
 
     task: str
     exit_code: int | None
     stopped: bool
     cause: str
     log: str
+    restarts: int = 0
 
 
 @dataclass
@@ -97,6 +106,8 @@ class _Task:
         self.code: int | None = None
         self.stopped = False
         self.last_line = ""
+        self.restarts = 0  # times started again alone (coordinator mode)
+        self.restart_at: Deadline | None = None
 
     @property
     def running(self) -> bool:
@@ -201,16 +212,15 @@ class _Attempt:
         return env
 
     def _argv(self, task: _Task) -> list[str]:
-        if task.job == "ps":
-            return [sys.executable, "-m", "ps"]
-        if self.spec.module is not None:
-            return [sys.executable, "-m", "worker", "-m", self.spec.module, *self.spec.args]
-        return [sys.executable, "-m", "worker", str(self.spec.entrypoint), *self.spec.args]
+        return [sys.executable, *self.spec.task_argv(task.job)]
 
     def _start(self, task: _Task) -> None:
         task.error_path.unlink(missing_ok=True)
-        task.log = open(task.log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-        task.log.write(f"=== attempt {self._number}: {task.name} ===\n")
+        if task.log is None:
+            task.log = open(task.log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        again = (f" (restart {task.restarts} of {self.spec.restart.max_worker_restarts})"
+                 if task.restarts else "")
+        task.log.write(f"=== attempt {self._number}: {task.name}{again} ===\n")
         try:
             task.proc = subprocess.Popen(
                 self._argv(task), cwd=self.spec.workdir, env=self._env(task),
@@ -244,6 +254,26 @@ class _Attempt:
             return
         self._emit(task, task.splitter.flush())
         self._close_output(task)
+
+    def _restart(self, task: _Task) -> None:
+        """Start ``task`` again alone, as before (same TF_CONFIG, same port)."""
+        task.restart_at = None
+        while task.out_fd >= 0:  # what the dead process wrote last (EOF is due by now)
+            try:
+                chunk = os.read(task.out_fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._emit(task, task.splitter.feed(chunk))
+        if task.out_fd >= 0:
+            self._emit(task, task.splitter.flush())
+            self._close_output(task)
+        task.proc, task.code, task.stopped = None, None, False
+        task.splitter = LineSplitter()
+        self.console.info(f"starting {task.name} again (restart {task.restarts} of "
+                          f"{self.spec.restart.max_worker_restarts})")
+        self._start(task)
 
     def _close_output(self, task: _Task) -> None:
         if task.out_fd < 0:
@@ -288,16 +318,49 @@ class _Attempt:
                 self.console.info("second signal: killing every task now", error=True)
                 self._kill_all()
 
+    def _on_exit(self, task: _Task) -> None:
+        """A task exited: act on it alone if the policy says so, then assess the run."""
+        if self.phase is policy.Phase.RUNNING and not task.stopped:
+            self._act_alone(task)
+        self._assess()
+
+    def _act_alone(self, task: _Task) -> None:
+        limit = self.spec.restart.max_worker_restarts
+        action = policy.on_task_exit(task.name, task.code, mode=self.spec.mode,
+                                     restarts_done=task.restarts, max_restarts=limit)
+        what = f"{task.name} exited {exitcodes.describe(task.code)}: {task.cause()}"
+        if action is policy.TaskAction.RESTART:
+            task.restarts += 1
+            task.restart_at = Deadline.after(TASK_RESTART_DELAY)
+            self.console.info(f"{what}; restarting it in {TASK_RESTART_DELAY:g} s (restart "
+                              f"{task.restarts} of {limit})", error=True)
+        elif action is policy.TaskAction.GIVE_UP:
+            left = [t.name for t in self.tasks
+                    if t.job == "worker" and (t.running or t.restart_at is not None)]
+            self.console.info(f"{what}; not restarting it: restart.max_worker_restarts = {limit} "
+                              f"used up; the run goes on without it (workers left: "
+                              f"{', '.join(left) or 'none'})", error=True)
+        elif action is policy.TaskAction.LOST:
+            self.console.info(f"{what}; parameter servers are not restarted (their variables "
+                              "are lost): the chief's exit decides the run", error=True)
+
     def _assess(self) -> None:
         if self.phase is not policy.Phase.RUNNING:
             return
         codes = {e.task: e.code for e in self.exits}
-        self.phase = policy.assess(codes, [t.name for t in self.tasks])
+        self.phase = policy.assess(codes, [t.name for t in self.tasks], self.spec.mode)
+        if self.phase is not policy.Phase.RUNNING:
+            for task in self.tasks:
+                task.restart_at = None
+        coordinator = self.spec.mode == policy.COORDINATOR
         if self.phase is policy.Phase.FAILED:
             first = next(t for t in self.tasks if t.name == self.exits[-1].task)
             self.console.info(f"{first.name} exited {exitcodes.describe(first.code)}: "
                               f"{first.cause()}", error=True)
-            self._stop_all("fail fast")
+            by_chief = coordinator and first.job == "chief"
+            self._stop_all("the chief's exit ends the run" if by_chief else "fail fast")
+        elif self.phase is policy.Phase.SUCCEEDED and coordinator:
+            self._stop_all("the chief exited 0: the run succeeded")  # servers serve forever
         elif self.phase is policy.Phase.SUCCEEDED:
             for task in self.tasks:  # servers stop now; trainers get the grace to finish
                 if task.running and task.job in ("ps", "evaluator"):
@@ -308,6 +371,7 @@ class _Attempt:
     def _deadlines(self, run_deadline: Deadline) -> float | None:
         candidates = [run_deadline] if self.phase is policy.Phase.RUNNING else []
         candidates += [d for d in (self.kill_deadline, self.wind_down) if d is not None]
+        candidates += [t.restart_at for t in self.tasks if t.restart_at is not None]
         timeouts = [d.timeout() for d in candidates]
         finite = [t for t in timeouts if t is not None]
         return min(finite) if finite else None
@@ -317,6 +381,13 @@ class _Attempt:
             self.timed_out = True
             self.phase = policy.Phase.FAILED
             self._stop_all(f"the run exceeded timeouts.run = {self.spec.timeouts.run:g} s")
+        for task in self.tasks:
+            if task.restart_at is None:
+                continue
+            if self.phase is not policy.Phase.RUNNING:
+                task.restart_at = None
+            elif task.restart_at.expired:
+                self._restart(task)
         if self.wind_down is not None and self.wind_down.expired:
             self.wind_down = None
             self._stop_all("the run succeeded")
@@ -340,8 +411,9 @@ class _Attempt:
                 raise
             run_deadline = Deadline.after(self.spec.timeouts.run)
             drain: Deadline | None = None
-            while any(t.running for t in self.tasks) or any(t.out_fd >= 0 for t in self.tasks):
-                if not any(t.running for t in self.tasks):
+            while any(t.running or t.out_fd >= 0 or t.restart_at is not None
+                      for t in self.tasks):
+                if not any(t.running or t.restart_at is not None for t in self.tasks):
                     drain = drain or Deadline.after(_PIPE_DRAIN)
                     if drain.expired:
                         break
@@ -355,7 +427,7 @@ class _Attempt:
                         self._read(task)
                     elif kind == "exit":
                         self._reap(task)
-                        self._assess()
+                        self._on_exit(task)
                     else:
                         self._on_signal()
                 self._check_deadlines(run_deadline)
@@ -396,6 +468,8 @@ def _summary(result: LaunchResult, name: str) -> str:
     for t in result.tasks:
         code = "-" if t.exit_code is None else exitcodes.describe(t.exit_code)
         note = " (stopped by clusterctl)" if t.stopped else ""
+        if t.restarts:
+            note += f" (restarted {t.restarts} time{'s' if t.restarts > 1 else ''})"
         lines.append(f"  {t.task.ljust(width)}  exit {code}{note}")
     if result.root_cause:
         lines.append(f"root cause: {result.root_cause}")
@@ -437,12 +511,13 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                 attempt = _Attempt(spec, console, run_dir, token, addresses, restarts, signals,
                                    attempts)
                 outcome = attempt.run()
-                root = policy.root_cause(outcome.exits)
+                root = policy.root_cause(outcome.exits, spec.mode)
                 by_name = {t.name: t for t in attempt.tasks}
                 result = LaunchResult(EXIT_RUN_FAILED, run_dir, attempts,
                                       time.monotonic() - started,
                                       [TaskResult(t.name, t.code, t.stopped, t.cause(),
-                                                  str(t.log_path)) for t in attempt.tasks])
+                                                  str(t.log_path), t.restarts)
+                                       for t in attempt.tasks])
                 if root is not None:
                     task = by_name[root.task]
                     result.root_cause = (f"{root.task} exited {exitcodes.describe(root.code)}: "
@@ -474,6 +549,8 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                     console.info(f"{result.root_cause}: restarting the cluster (restart "
                                  f"{restarts} of {spec.restart.max_restarts})", error=True)
                     continue
+                result.exit_code = policy.failed_exit_code(outcome.exits, spec.mode,
+                                                           EXIT_RUN_FAILED)
                 break
     finally:
         signals.close()

@@ -1,9 +1,15 @@
 """The launcher's decisions as pure functions (table-tested, no processes): is the run over, which
-task is the root cause, and what to do after a failure.
+task is the root cause, what to do with one task that exited, and what to do after a failure.
 
 Exit codes follow Kubeflow's convention (``cluster.exitcodes``): 1-127 permanent, 128 and above
 retryable. Tasks that only stopped because another failed (exit 201) or that the launcher stopped
 itself are never the root cause while a task that failed on its own exists.
+
+Two modes (``cluster.yaml`` ``mode:``): ``collective`` (every chief and worker runs the entrypoint;
+any failure fails the run) and ``coordinator`` (parameter-server training: only the chief runs the
+entrypoint and its exit is the run's outcome; workers serve the chief's ClusterCoordinator and one
+that dies is restarted alone, a bounded number of times; a parameter server that dies is not
+restarted, and is the root cause when the chief then fails).
 """
 
 from __future__ import annotations
@@ -14,7 +20,24 @@ from dataclasses import dataclass
 
 from cluster import exitcodes
 
-__all__ = ["Decision", "Phase", "TaskExit", "assess", "decide", "root_cause"]
+__all__ = [
+    "COLLECTIVE",
+    "COORDINATOR",
+    "MODES",
+    "Decision",
+    "Phase",
+    "TaskAction",
+    "TaskExit",
+    "assess",
+    "decide",
+    "failed_exit_code",
+    "on_task_exit",
+    "root_cause",
+]
+
+COLLECTIVE = "collective"
+COORDINATOR = "coordinator"
+MODES = (COLLECTIVE, COORDINATOR)
 
 
 class Phase(enum.Enum):
@@ -28,6 +51,15 @@ class Decision(enum.Enum):
     RESTART = "restart"  # stop everything, start the whole cluster again (counts a restart)
     REPICK_PORTS = "repick-ports"  # a chosen port was taken meanwhile: relaunch, not counted
     FAIL = "fail"  # stop everything, exit non-zero
+
+
+class TaskAction(enum.Enum):
+    """What to do with one task that exited on its own while the run goes on."""
+
+    NONE = "none"  # nothing for this task alone: :func:`assess` says what the exit means
+    RESTART = "restart"  # start this task again, alone (same TF_CONFIG, same port)
+    GIVE_UP = "give-up"  # its restarts are used up: leave it dead, the run goes on without it
+    LOST = "lost"  # a parameter server: not restarted (its variables are gone); the chief decides
 
 
 @dataclass(frozen=True)
@@ -45,12 +77,22 @@ def _job(task: str) -> str:
     return task.split(":", 1)[0]
 
 
-def assess(exits: Mapping[str, int], tasks: list[str]) -> Phase:
-    """Where the run stands given the exit codes so far (``exits``: task -> code).
+def assess(exits: Mapping[str, int], tasks: list[str], mode: str = COLLECTIVE) -> Phase:
+    """Where the run stands given the exit codes so far (``exits``: task -> last code).
 
-    Succeeded: the chief exited 0, or, with no chief, every worker exited 0. Failed: any task
-    exited non-zero, or a parameter server exited at all (they serve until stopped).
+    ``collective``: succeeded when the chief exited 0, or, with no chief, every worker exited 0;
+    failed when any task exited non-zero, or a parameter server exited at all (they serve until
+    stopped). ``coordinator``: the chief's exit decides (0 succeeded, else failed); an evaluator
+    that exits non-zero fails the run; exits of workers and parameter servers decide nothing
+    (see :func:`on_task_exit`).
     """
+    if mode == COORDINATOR:
+        for task, code in exits.items():
+            if _job(task) == "evaluator" and code != 0:
+                return Phase.FAILED
+        if "chief:0" not in exits:
+            return Phase.RUNNING
+        return Phase.SUCCEEDED if exits["chief:0"] == 0 else Phase.FAILED
     for task, code in exits.items():
         if code != 0 or _job(task) == "ps":
             return Phase.FAILED
@@ -62,7 +104,27 @@ def assess(exits: Mapping[str, int], tasks: list[str]) -> Phase:
     return Phase.RUNNING
 
 
-def root_cause(exits: list[TaskExit]) -> TaskExit | None:
+def on_task_exit(task: str, code: int, *, mode: str, restarts_done: int,
+                 max_restarts: int) -> TaskAction:
+    """What to do with ``task``, which exited with ``code`` on its own (not stopped by the
+    launcher) while the run is still going.
+
+    Only ``coordinator`` mode acts on single tasks: a worker that failed (non-zero, or killed by
+    a signal) is restarted while ``restarts_done`` (its own restarts so far) is below
+    ``max_restarts``, then given up on; a worker that exited 0 was shut down by the coordinator
+    and stays down; a parameter server is lost. Everything else is :attr:`TaskAction.NONE`.
+    """
+    if mode != COORDINATOR:
+        return TaskAction.NONE
+    job = _job(task)
+    if job == "ps":
+        return TaskAction.LOST
+    if job != "worker" or code == 0:
+        return TaskAction.NONE
+    return TaskAction.RESTART if restarts_done < max_restarts else TaskAction.GIVE_UP
+
+
+def root_cause(exits: list[TaskExit], mode: str = COLLECTIVE) -> TaskExit | None:
     """The task whose failure the others followed: the first to fail on its own.
 
     Preference: the earliest failure that is neither a "peer failed" exit (201) nor the effect
@@ -70,7 +132,24 @@ def root_cause(exits: list[TaskExit]) -> TaskExit | None:
     stopped by the launcher; then the earliest failure. A task that exits 1 after the launcher
     signalled it failed on its own (it was reporting its exception when the stop came).
     ``None`` when no task failed.
+
+    ``coordinator``: a parameter server that exited on its own comes first (the earliest: the
+    chief's error follows from losing its variables); then failures of any task but the workers
+    that exited on their own (the launcher restarted them or went on without them) by the rules
+    above; then any failure by those rules.
     """
+    if mode == COORDINATOR:
+        lost = [e for e in exits if _job(e.task) == "ps" and not e.stopped]
+        if lost:
+            return min(lost, key=lambda e: e.order)
+        # A server the launcher stopped that exited 0 did what it was asked: not a failure.
+        exits = [e for e in exits if not (e.stopped and e.code == 0)]
+        handled = [e for e in exits if not (_job(e.task) == "worker" and not e.stopped)]
+        return _first_failure(handled) or _first_failure(exits)
+    return _first_failure(exits)
+
+
+def _first_failure(exits: list[TaskExit]) -> TaskExit | None:
     failures = sorted((e for e in exits if e.code != 0 or _job(e.task) == "ps"),
                       key=lambda e: e.order)
     for keep in (lambda e: e.code not in exitcodes.SECONDARY
@@ -103,3 +182,13 @@ def decide(root_code: int | None, *, restarts_done: int, max_restarts: int,
     if policy == "on-failure" or exitcodes.is_retryable(code):
         return Decision.RESTART
     return Decision.FAIL
+
+
+def failed_exit_code(exits: list[TaskExit], mode: str, default: int) -> int:
+    """clusterctl's exit code for a failed run that is not restarted: in ``coordinator`` mode
+    the chief's own non-zero exit code (the run's outcome is the chief's), else ``default``."""
+    if mode == COORDINATOR:
+        chief = [e for e in exits if e.task == "chief:0" and not e.stopped and e.code != 0]
+        if chief:
+            return chief[-1].code
+    return default

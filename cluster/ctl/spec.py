@@ -17,9 +17,11 @@ from typing import Any
 
 from cluster._placement import JOB_NAMES, check_address
 from cluster.ctl._yaml import Located, YamlError, load
+from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
 from cluster.errors import ClusterFileError
 
 __all__ = [
+    "MODES",
     "ClusterFile",
     "JobSpec",
     "Problem",
@@ -73,13 +75,17 @@ class Timeouts:
 @dataclass(frozen=True)
 class RestartPolicy:
     """``max_restarts`` whole-cluster restarts; ``policy`` says which failures restart:
-    ``exit-code`` (Kubeflow: root cause exit code >= 128), ``on-failure`` (any), ``never``."""
+    ``exit-code`` (Kubeflow: root cause exit code >= 128), ``on-failure`` (any), ``never``.
+    ``max_worker_restarts`` (``mode: coordinator`` only): how many times each worker that dies
+    is restarted alone, per attempt, before the run goes on without it."""
 
     max_restarts: int = 0
     policy: str = "exit-code"
+    max_worker_restarts: int = 3
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0 or self.policy not in RESTART_POLICIES:
+        if (self.max_restarts < 0 or self.policy not in RESTART_POLICIES
+                or self.max_worker_restarts < 0):
             raise ValueError(f"invalid restart policy: {self}")
 
 
@@ -101,7 +107,9 @@ class JobSpec:
 @dataclass(frozen=True)
 class ClusterFile:
     """A validated cluster file. Paths are absolute; ``jobs`` in chief/worker/ps/evaluator order
-    (jobs with no task omitted)."""
+    (jobs with no task omitted). ``mode``: ``collective`` (chief, workers and evaluators run the
+    entrypoint) or ``coordinator`` (only the chief and evaluators do; workers serve the chief's
+    ClusterCoordinator; needs a chief and a worker)."""
 
     path: Path
     name: str
@@ -116,10 +124,15 @@ class ClusterFile:
     restart: RestartPolicy = RestartPolicy()
     log_dir: Path = Path("runs")
     timeouts: Timeouts = Timeouts()
+    mode: str = COLLECTIVE
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
             raise ValueError("exactly one of entrypoint and module must be given")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == COORDINATOR and not (self.has_chief and self.count("worker")):
+            raise ValueError("mode coordinator needs a chief and at least one worker")
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every task as ``(job, index)``, in cluster order."""
@@ -129,10 +142,32 @@ class ClusterFile:
     def has_chief(self) -> bool:
         return any(job.name == "chief" and job.count for job in self.jobs)
 
+    def count(self, job: str) -> int:
+        """How many tasks ``job`` has (0 when the file has none)."""
+        return sum(j.count for j in self.jobs if j.name == job)
 
-_TOP_KEYS = ("name", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
+    def runs_entrypoint(self, job: str) -> bool:
+        """Whether tasks of ``job`` run the entrypoint (else they serve until stopped)."""
+        if job == "ps":
+            return False
+        return self.mode == COLLECTIVE or job in ("chief", "evaluator")
+
+    def task_argv(self, job: str) -> tuple[str, ...]:
+        """The interpreter arguments of a ``job`` task: ``("-m", "ps")``, ``("-m", "worker")``
+        (serve only) or ``("-m", "worker", SCRIPT, *ARGS)`` / ``("-m", "worker", "-m", MODULE,
+        *ARGS)``; the same for every host and launcher (``python`` + these)."""
+        if job == "ps":
+            return ("-m", "ps")
+        if not self.runs_entrypoint(job):
+            return ("-m", "worker")
+        if self.module is not None:
+            return ("-m", "worker", "-m", self.module, *self.args)
+        return ("-m", "worker", str(self.entrypoint), *self.args)
+
+
+_TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
              "port_base", "restart", "log_dir", "timeouts")
-_RESTART_KEYS = ("max_restarts", "policy")
+_RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 
 
@@ -251,6 +286,38 @@ def _jobs(c: _Checker, node: Located) -> list[JobSpec]:
     return [j for j in jobs if j.count]
 
 
+_MODE_HINT = (f"{COLLECTIVE} (default: chief and workers all run the entrypoint) or "
+              f"{COORDINATOR} (parameter-server training: only the chief runs it)")
+
+
+def _mode(c: _Checker, node: Located) -> str | None:
+    value = node.value
+    if isinstance(value, str) and value in MODES:
+        return value
+    allowed = ", ".join(MODES)
+    if not isinstance(value, str):
+        c.add(node.line, "mode", f"expected one of {allowed}, got {_kind(value)}", _MODE_HINT)
+        return None
+    close = difflib.get_close_matches(value, MODES, n=1)
+    c.add(node.line, "mode", f"unknown mode {value!r} (allowed: {allowed})",
+          f'did you mean "{close[0]}"?' if close else _MODE_HINT)
+    return None
+
+
+def _check_coordinator(c: _Checker, node: Located, jobs: tuple[JobSpec, ...]) -> None:
+    """``mode: coordinator`` needs a chief (it runs the entrypoint, the ClusterCoordinator)
+    and a worker (the coordinator schedules functions on workers); ps may be 0 or more."""
+    counts = {j.name: j.count for j in jobs}
+    if not counts.get("chief"):
+        c.add(node.line, "mode", f"{COORDINATOR} needs a chief: only the chief runs the "
+              "entrypoint (the ClusterCoordinator)", "add `chief: 1` under `cluster:`, or use "
+              f"`mode: {COLLECTIVE}` for workers that all run the entrypoint")
+    if not counts.get("worker"):
+        c.add(node.line, "mode", f"{COORDINATOR} needs at least one worker: the "
+              "coordinator schedules its functions on workers", "add e.g. `worker: 2` under "
+              "`cluster:`")
+
+
 def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     """Validate ``text`` as the cluster file at ``path`` (relative paths resolve against its
     directory). Raises :class:`ClusterFileError` listing every problem."""
@@ -279,6 +346,14 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
         elif given is not None:
             name = given
     values["name"] = re.sub(r"[^A-Za-z0-9._-]", "-", name)
+
+    mode_ok = True
+    if "mode" in top:
+        mode = _mode(c, top["mode"])
+        mode_ok = mode is not None
+        if mode is not None:
+            values["mode"] = mode
+    mode = values.get("mode", COLLECTIVE)
 
     if "entrypoint" in top and "module" in top:
         c.add(top["module"].line, "module", "give either entrypoint or module, not both")
@@ -344,7 +419,10 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
             values["env"] = env
 
     if "cluster" in top:
+        before = len(c.problems)
         values["jobs"] = tuple(_jobs(c, top["cluster"]))
+        if mode == COORDINATOR and len(c.problems) == before:
+            _check_coordinator(c, top["mode"], values["jobs"])
     else:
         c.add(root.line, "cluster", "missing", "add e.g. `cluster: {chief: 1, worker: 2}`")
 
@@ -380,6 +458,17 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
                           else f"one of {', '.join(RESTART_POLICIES)}")
                 else:
                     kwargs["policy"] = policy
+            if "max_worker_restarts" in restart:
+                node = restart["max_worker_restarts"]
+                n = c.number(node, "restart.max_worker_restarts", minimum=0, strict=False,
+                             integer=True)
+                if n is not None and mode_ok and mode != COORDINATOR:
+                    c.add(node.line, "restart.max_worker_restarts", "only applies to "
+                          f"`mode: {COORDINATOR}` (this file's mode is {mode})",
+                          f"add `mode: {COORDINATOR}` or remove this key; in {COLLECTIVE} mode "
+                          "a failure restarts the whole cluster (restart.max_restarts)")
+                elif n is not None:
+                    kwargs["max_worker_restarts"] = int(n)
             values["restart"] = RestartPolicy(**kwargs)
 
     values["log_dir"] = base / "runs"

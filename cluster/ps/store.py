@@ -3,14 +3,21 @@
 No sockets, no gRPC: ``ps/servicer.py`` wraps it for the wire, tests drive it directly.
 
 - :meth:`VariableStore.create` a variable (a whole one, or one shard ``"name/part_1"``) with an
-  optional :class:`OptimizerSpec`; its slots (momentum, Adam's ``m``/``v``) live next to it.
+  optional :class:`OptimizerSpec`; its slots (momentum, Adam's ``m``/``v``) live next to it. A
+  variable created without one adopts the optimizer of the first push that names one (as in
+  Keras, the model's variables exist before the optimizer); it can never change afterwards.
 - :meth:`~VariableStore.pull` copies of values with their versions.
 - :meth:`~VariableStore.push` gradients. Asynchronous mode (``num_contributors=1``): the optimizer
   is applied at once, per variable. Synchronous mode (``num_contributors=N > 1``, like TF1's
-  ``SyncReplicasOptimizer``): the gradients of step ``step`` are accumulated until ``N`` pushes
-  for that step arrived, then their **sum** is applied once. Sum, not mean, because the
-  strategies' convention is that each worker's loss is already scaled by the *global* batch size,
-  so the global gradient is the sum of the workers' gradients (``cluster.optimizers`` sums too).
+  ``SyncReplicasOptimizer``): the gradients of step ``step`` are accumulated until ``N``
+  contributions for that step arrived, then their **mean** is applied once, as TF1's
+  ``ConditionalAccumulator`` does: each contributor's loss is the mean over its own batch, so the
+  mean of the ``N`` gradients is the gradient of the mean loss over the global batch. The mean is
+  bitwise reproducible: the contributions are summed in contributor order (arrival order for
+  pushes without a contributor index) into a copy, which is then divided by ``N`` once. A push
+  with a ``contributor`` index (a coordinator's) replaces that contributor's earlier push for the
+  same pending step, and re-pushing the step just applied changes nothing, so a function re-run
+  after its worker died mid-push is harmless.
 - :meth:`~VariableStore.assign` ``ASSIGN``/``ASSIGN_ADD``/``ASSIGN_SUB``.
 
 Every update (an optimizer step, an assign) increments the variable's ``version`` by one;
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +50,8 @@ from cluster.errors import (
 from cluster.transport.deadline import Deadline
 
 __all__ = ["SYNC_WAIT_SECONDS", "AssignMode", "OptimizerSpec", "Pulled", "VariableStore"]
+
+log = logging.getLogger(__name__)
 
 #: How long a synchronous push waits for its step when the caller gives no deadline.
 SYNC_WAIT_SECONDS = 300.0
@@ -121,21 +131,43 @@ class Pulled(NamedTuple):
 
 
 @dataclass(eq=False)
+class _Pending:
+    """The contributions to one synchronous step of one variable; guarded by the store lock."""
+
+    indexed: bool  # keyed by contributor index (else by contribution id, in arrival order)
+    # contributor index or contribution id -> (contribution id, private copy of the gradient)
+    grads: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
+
+    def in_order(self) -> list[np.ndarray]:
+        """The gradients in combination order: contributor order, or arrival order."""
+        keys = sorted(self.grads) if self.indexed else list(self.grads)
+        return [self.grads[k][1] for k in keys]
+
+
+@dataclass(eq=False)
 class _Variable:
     name: str
     value: np.ndarray
     trainable: bool
-    optimizer: OptimizerSpec | None
+    optimizer: OptimizerSpec | None  # set once (at creation or by adoption), never changed
     slots: dict[str, np.ndarray]
     version: int = 1
     iterations: int = 0  # optimizer updates applied (Adam's t)
     sync_step: int = 0  # the oldest step a synchronous push may still contribute to
-    # step -> [(contribution id, gradient)], in arrival order; guarded by the store lock.
-    pending: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    # The contributor indices of step sync_step - 1 (empty when it was pushed unindexed).
+    applied_by: frozenset[int] = frozenset()
+    # step -> its contributions; guarded by the store lock.
+    pending: dict[int, _Pending] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def meta(self) -> tuple:
         return (self.value.shape, self.value.dtype, self.trainable, self.optimizer)
+
+    def adopt(self, optimizer: OptimizerSpec) -> None:
+        """Take ``optimizer`` and create its zero slots; the caller holds the store lock and
+        ``self.lock`` and has checked that the variable has none and is floating-point."""
+        self.slots = {s: np.zeros_like(self.value) for s in optimizer.slot_names}
+        self.optimizer = optimizer
 
     def describe_meta(self) -> str:
         return (f"shape={self.value.shape}, dtype={self.value.dtype}, trainable={self.trainable},"
@@ -166,9 +198,11 @@ class VariableStore:
                optimizer: OptimizerSpec | None = None, exist_ok: bool = False) -> int:
         """Create variable ``name`` holding a copy of ``initial_value``; returns its version.
 
-        With ``exist_ok`` an existing variable of the same shape, dtype, trainability and
-        optimizer is kept as it is (its current version is returned): a restarted coordinator
-        may create its variables again. Raises :class:`VariableExistsError` otherwise, and
+        With ``exist_ok`` an existing variable of the same shape, dtype and trainability is kept
+        as it is (its current version is returned): a restarted coordinator may create its
+        variables again. ``optimizer=None`` matches any optimizer the variable has (it may have
+        adopted one from a push); given, it must equal the variable's, or is adopted by a
+        variable that has none. Raises :class:`VariableExistsError` otherwise, and
         ``ValueError`` for an empty name or an optimizer on a non-float variable.
         """
         if not isinstance(name, str) or not name:
@@ -184,14 +218,18 @@ class VariableStore:
             if old is None:
                 self._vars[name] = new
                 return new.version
-            if not exist_ok or old.meta() != new.meta():
-                why = ("already exists" if old.meta() == new.meta() and not exist_ok
+            fits = old.meta()[:3] == new.meta()[:3] and (
+                optimizer is None or old.optimizer in (None, optimizer))
+            if not exist_ok or not fits:
+                why = ("already exists" if fits and not exist_ok
                        else f"already exists with {old.describe_meta()}")
                 raise VariableExistsError(
                     f"variable {name}{self._where()} {why}; create({new.describe_meta()}"
                     f", exist_ok={exist_ok}) refused", variable=name)
-        with old.lock:
-            return old.version
+            with old.lock:
+                if old.optimizer is None and optimizer is not None:
+                    old.adopt(optimizer)
+                return old.version
 
     def _get(self, name: str) -> _Variable:
         var = self._vars.get(name)  # dict reads are atomic; entries are never removed
@@ -288,19 +326,58 @@ class VariableStore:
 
     # ---- push -----------------------------------------------------------------------------
 
-    def _check_grads(self, grads: Mapping[str, Any]) -> list[tuple[_Variable, np.ndarray]]:
+    def _check_grads(self, grads: Mapping[str, Any],
+                     optimizer: OptimizerSpec | None) -> list[tuple[_Variable, np.ndarray]]:
         if not grads:
             raise ValueError("push: no gradients")
         checked = []
         for name, grad in grads.items():
             var = self._get(name)
-            if var.optimizer is None or not var.trainable:
-                raise VariableMismatchError(
-                    f"gradient pushed for variable {name}{self._where()}, which "
-                    + ("is not trainable" if not var.trainable else "has no optimizer"),
-                    variable=name)
+            if not var.trainable:
+                raise VariableMismatchError(f"gradient pushed for variable {name}{self._where()}, "
+                                            "which is not trainable", variable=name)
+            self._check_optimizer(var, optimizer)
             checked.append((var, self._coerce(var, grad, "gradient")))
         return checked
+
+    def _check_optimizer(self, var: _Variable, optimizer: OptimizerSpec | None) -> None:
+        """Raise unless a push naming ``optimizer`` (or none) may update ``var``.
+
+        A variable's optimizer goes from ``None`` to a spec once and never changes, so a check
+        that passes against a spec stays true; one against ``None`` is repeated under the store
+        lock before adopting (:meth:`_adopt`).
+        """
+        current = var.optimizer
+        if current is None:
+            if optimizer is None:
+                raise VariableMismatchError(
+                    f"gradient pushed for variable {var.name}{self._where()}, which has no "
+                    "optimizer (create it with one, or push with optimizer=...)",
+                    variable=var.name)
+            if not np.issubdtype(var.value.dtype, np.floating):
+                raise VariableMismatchError(
+                    f"variable {var.name}{self._where()} of dtype {var.value.dtype} cannot take "
+                    f"optimizer {optimizer}: an optimizer needs a floating-point variable",
+                    variable=var.name)
+        elif optimizer is not None and optimizer != current:
+            raise VariableMismatchError(
+                f"push with optimizer {optimizer} for variable {var.name}{self._where()}, which "
+                f"has optimizer {current}", variable=var.name)
+
+    def _adopt(self, checked: list[tuple[_Variable, np.ndarray]],
+               optimizer: OptimizerSpec | None) -> None:
+        """Give ``optimizer`` to the variables of ``checked`` that have none; the caller holds
+        the store lock. Checks all before changing any, so a refused push changes nothing."""
+        adopting = [var for var, _ in checked if var.optimizer is None]
+        if not adopting:
+            return
+        for var in adopting:  # again: a concurrent push may have given it another meanwhile
+            self._check_optimizer(var, optimizer)
+        assert optimizer is not None
+        for var in adopting:
+            with var.lock:
+                var.adopt(optimizer)
+            log.debug("variable %s%s adopted optimizer %s", var.name, self._where(), optimizer)
 
     def _apply(self, var: _Variable, grad: np.ndarray) -> int:
         """One optimizer update of ``var``; the caller holds ``var.lock``."""
@@ -319,30 +396,62 @@ class VariableStore:
         return var.version
 
     def push(self, grads: Mapping[str, Any], *, step: int | None = None,
-             num_contributors: int = 1, wait: bool = True,
+             num_contributors: int = 1, contributor: int | None = None, wait: bool = True,
+             optimizer: OptimizerSpec | None = None,
              deadline: Deadline | None = None) -> list[int]:
         """Apply (or contribute) gradients; returns each variable's version, in ``grads`` order.
 
-        Every gradient is checked before any is used, so a bad push changes nothing.
-        ``num_contributors == 1``: asynchronous; each variable is updated at once.
-        ``num_contributors > 1``: synchronous; ``step`` is required. The sum of the
-        ``num_contributors`` gradients pushed for ``step`` is applied once, when the last one
-        arrives; the variable then accepts ``step + 1`` and later, and contributions still
-        pending for older steps are dropped (their pushers get :class:`StaleStepError`). Each
-        contributor must push a step once. With ``wait`` the call returns when every variable
-        pushed has applied ``step`` (versions after that update); on ``deadline`` (default
-        :data:`SYNC_WAIT_SECONDS` from the call) its
-        contribution is withdrawn and :class:`SyncTimeoutError` raised.
+        Every gradient is checked before any is used, so a refused push changes nothing.
+        ``optimizer``: a variable that has none adopts it (its zero slots are created); one that
+        has an optimizer must have this one. Without it, every variable needs an optimizer.
 
-        Raises :class:`VariableNotFoundError`, :class:`VariableMismatchError`,
-        :class:`StaleStepError` (``step`` older than a variable's current step),
-        :class:`SyncTimeoutError`.
+        Asynchronous (``num_contributors == 1`` and no ``contributor``): each variable is
+        updated at once.
+
+        Synchronous (``num_contributors > 1``, or a ``contributor`` given; ``step`` required):
+        the **mean** of the ``num_contributors`` contributions to ``step`` is applied once, when
+        the last one arrives (summed in contributor order, or arrival order for unindexed
+        pushes, then divided by the count: bitwise reproducible). The variable then accepts
+        ``step + 1`` and later; contributions still pending for older steps are dropped, with a
+        warning in the log (their waiting pushers get :class:`StaleStepError`).
+
+        - ``contributor=None``: each push is a distinct contribution; a contributor must push a
+          step once.
+        - ``contributor=k`` (``0 <= k < num_contributors``): contributions are keyed by ``k``. A
+          second push by ``k`` for a pending step replaces the first (whose pusher, if still
+          waiting, gets :class:`StaleStepError`); the step applies when every index has pushed.
+          A push by ``k`` for the step just applied (``step == current step - 1``), to which
+          ``k`` contributed, changes nothing and returns the current versions: a function
+          re-run after its worker died mid-push is harmless. Indexed and unindexed pushes
+          cannot be mixed in one step (``ValueError``).
+
+        With ``wait`` the call returns when every variable pushed has applied ``step`` (versions
+        after that update); on ``deadline`` (default :data:`SYNC_WAIT_SECONDS` from the call)
+        its contribution is withdrawn and :class:`SyncTimeoutError` raised. Without ``wait`` it
+        returns as soon as the contribution is recorded (versions as they are then, after the
+        update if this push completed the step).
+
+        Raises :class:`VariableNotFoundError`, :class:`VariableMismatchError` (shape, dtype,
+        untrainable, no optimizer, a different optimizer), :class:`StaleStepError` (``step``
+        older than a variable's current step, and not an idempotent re-push),
+        :class:`SyncTimeoutError`, ``ValueError`` for bad arguments.
         """
         if isinstance(num_contributors, bool) or not isinstance(num_contributors, int) \
                 or num_contributors < 1:
             raise ValueError(f"num_contributors must be an int >= 1, got {num_contributors!r}")
-        checked = self._check_grads(grads)
-        if num_contributors == 1:
+        if contributor is not None and (
+                isinstance(contributor, bool) or not isinstance(contributor, (int, np.integer))
+                or not 0 <= contributor < num_contributors):
+            raise ValueError(f"contributor must be an int in [0, {num_contributors}) "
+                             f"(num_contributors={num_contributors}), got {contributor!r}")
+        if optimizer is not None and not isinstance(optimizer, OptimizerSpec):
+            raise TypeError(f"optimizer must be an OptimizerSpec or None, got "
+                            f"{type(optimizer).__name__}")
+        checked = self._check_grads(grads, optimizer)
+        if num_contributors == 1 and contributor is None:
+            if any(var.optimizer is None for var, _ in checked):
+                with self._lock:
+                    self._adopt(checked, optimizer)
             versions = []
             for var, grad in checked:
                 with var.lock:
@@ -350,10 +459,12 @@ class VariableStore:
             return versions
         if step is None or isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or step < 0:
-            raise ValueError(f"synchronous push (num_contributors={num_contributors}) needs a "
-                             f"step >= 0, got {step!r}")
-        return self._push_sync(checked, int(step), num_contributors, wait,
-                               deadline or Deadline.after(SYNC_WAIT_SECONDS))
+            raise ValueError(f"synchronous push (num_contributors={num_contributors}, "
+                             f"contributor={contributor}) needs a step >= 0, got {step!r}")
+        return self._push_sync(
+            checked, int(step), num_contributors,
+            None if contributor is None else int(contributor), optimizer, wait,
+            deadline or Deadline.after(SYNC_WAIT_SECONDS))
 
     def _stale(self, var: _Variable, step: int) -> StaleStepError:
         return StaleStepError(
@@ -362,27 +473,60 @@ class VariableStore:
             current_step=var.sync_step)
 
     def _push_sync(self, checked: list[tuple[_Variable, np.ndarray]], step: int, n: int,
-                   wait: bool, deadline: Deadline) -> list[int]:
+                   contributor: int | None, optimizer: OptimizerSpec | None, wait: bool,
+                   deadline: Deadline) -> list[int]:
         with self._lock:
             for var, _ in checked:
                 if step < var.sync_step:
-                    raise self._stale(var, step)
+                    if not (contributor is not None and step == var.sync_step - 1
+                            and contributor in var.applied_by):
+                        raise self._stale(var, step)
+                    continue
+                pending = var.pending.get(step)
+                if pending is not None and pending.indexed != (contributor is not None):
+                    have, push = (("indexed", "without") if pending.indexed
+                                  else ("unindexed", "with"))
+                    raise ValueError(
+                        f"push {push} a contributor index for step {step} of variable "
+                        f"{var.name}{self._where()}, which has {have} contributions pending: "
+                        "pushes of one step must all give a contributor, or none")
+            self._adopt(checked, optimizer)
             cid = next(self._contributions)
             if wait:
                 self._waiting.add(cid)
             try:
-                return self._contribute_and_wait(cid, checked, step, n, wait, deadline)
+                return self._contribute_and_wait(cid, checked, step, n, contributor, wait,
+                                                 deadline)
             finally:
                 self._waiting.discard(cid)
                 self._dropped.pop(cid, None)
 
     def _contribute_and_wait(self, cid: int, checked: list[tuple[_Variable, np.ndarray]],
-                             step: int, n: int, wait: bool, deadline: Deadline) -> list[int]:
-        """The body of a synchronous push; the caller holds the store lock."""
+                             step: int, n: int, contributor: int | None, wait: bool,
+                             deadline: Deadline) -> list[int]:
+        """The body of a synchronous push; the caller holds the store lock and has checked
+        that every variable either accepts ``step`` or already applied this contributor's."""
         for var, grad in checked:
+            if var.sync_step > step:
+                log.debug("variable %s%s: contributor %s re-pushed step %d, which was applied "
+                          "with its contribution: nothing changed", var.name, self._where(),
+                          contributor, step)
+                continue
+            pending = var.pending.setdefault(step, _Pending(indexed=contributor is not None))
+            key = cid if contributor is None else contributor
+            replaced = pending.grads.get(key)
+            if replaced is not None:
+                log.debug("variable %s%s: contributor %d pushed step %d again: its earlier "
+                          "contribution is replaced", var.name, self._where(), key, step)
+                if replaced[0] in self._waiting:
+                    self._dropped[replaced[0]] = StaleStepError(
+                        f"gradient of contributor {key} for step {step} of variable {var.name}"
+                        f"{self._where()} was superseded by a later push of the same "
+                        "contributor", variable=var.name, step=step, current_step=var.sync_step)
+                    self._synced.notify_all()
             # Keep a private copy: the caller's buffer (a received message) may be reused.
-            var.pending.setdefault(step, []).append((cid, np.array(grad, copy=True)))
-            if len(var.pending[step]) >= n:
+            pending.grads[key] = (cid, np.array(grad, copy=True))
+            if len(pending.grads) >= n:
                 self._apply_step(var, step)
         if not wait:
             return [v.version for v, _ in checked]
@@ -403,16 +547,24 @@ class VariableStore:
                     "contribution was withdrawn", variable=missing[0])
 
     def _apply_step(self, var: _Variable, step: int) -> None:
-        """Apply the summed gradients of ``step``; the caller holds the store lock."""
-        contributions = var.pending.pop(step)
-        total = contributions[0][1]
-        for _, grad in contributions[1:]:
-            total += grad  # in arrival order
+        """Apply the mean of the contributions to ``step``; the caller holds the store lock."""
+        pending = var.pending.pop(step)
+        grads = pending.in_order()
+        total = grads[0]  # the private copy made on arrival: summed into in place
+        for grad in grads[1:]:
+            total += grad
+        total /= total.dtype.type(len(grads))  # once, after the sum: one rounding
         with var.lock:
             self._apply(var, total)
             var.sync_step = step + 1
-        for old in [s for s in var.pending if s < var.sync_step]:
-            for cid, _ in var.pending.pop(old):
+            var.applied_by = frozenset(pending.grads) if pending.indexed else frozenset()
+        for old in sorted(s for s in var.pending if s < var.sync_step):
+            dropped = var.pending.pop(old)
+            # Pushers that did not wait (a coordinator's) would otherwise never learn of it.
+            log.warning("variable %s%s: dropped %d pending contribution(s) to step %d, because "
+                        "step %d completed first", var.name, self._where(), len(dropped.grads),
+                        old, step)
+            for cid, _ in dropped.grads.values():
                 if cid in self._waiting:
                     self._dropped[cid] = self._stale(var, old)
         self._synced.notify_all()
@@ -422,6 +574,7 @@ class VariableStore:
         for var, _ in checked:
             pending = var.pending.get(step)
             if pending is not None:
-                pending[:] = [(c, g) for c, g in pending if c != cid]
-                if not pending:
+                for key in [k for k, (c, _) in pending.grads.items() if c == cid]:
+                    del pending.grads[key]
+                if not pending.grads:
                     del var.pending[step]

@@ -6,6 +6,7 @@ from cluster.strategies.base import Strategy, StrategyExtended, ValueContext
 from cluster.strategies.default import OneDeviceStrategy
 from cluster.strategies.mirrored import CentralStorageStrategy, MirroredStrategy
 from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
+from cluster.strategies.parameter_server import ParameterServerStrategy
 from cluster.strategies.replica import ReplicaContext
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",

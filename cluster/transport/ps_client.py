@@ -150,15 +150,31 @@ class PsClient:
                 for v in reply.values]
 
     def push(self, grads: Mapping[str, Any], *, step: int | None = None,
-             num_contributors: int = 1, timeout: float | None = None) -> list[int]:
-        """:meth:`VariableStore.push` on the task (synchronous pushes wait for their step, up to
-        ``timeout``); returns the versions, in ``grads`` order."""
+             num_contributors: int = 1, contributor: int | None = None, wait: bool = True,
+             optimizer: OptimizerSpec | None = None,
+             timeout: float | None = None) -> list[int]:
+        """:meth:`VariableStore.push` on the task; returns the versions, in ``grads`` order.
+
+        A synchronous push waits for its step up to ``timeout`` (the server answers
+        :class:`SyncTimeoutError` shortly before it), or with ``wait=False`` returns once its
+        contribution is recorded. ``contributor`` and ``optimizer``: as in
+        :meth:`VariableStore.push`. Raises ``ValueError`` locally for a ``contributor`` outside
+        ``[0, num_contributors)``.
+        """
+        if contributor is not None and not 0 <= contributor < num_contributors:
+            raise ValueError(f"contributor must be an int in [0, {num_contributors}) "
+                             f"(num_contributors={num_contributors}), got {contributor!r}")
         request = ps_pb2.PushRequest(
             gradients=[ps_pb2.VariableValue(name=n, value=to_chunk(np.asarray(g),
                                                                    f"gradient of {n}"))
                        for n, g in grads.items()],
-            step=step or 0, num_contributors=num_contributors)
-        activity = f"push of {len(grads)} gradients" + (f" for step {step}" if step else "")
+            step=step or 0, num_contributors=num_contributors, contributor=contributor,
+            no_wait=not wait)
+        if optimizer is not None:
+            request.optimizer.CopyFrom(optimizer_to_proto(optimizer))
+        activity = (f"push of {len(grads)} gradients"
+                    + (f" for step {step}" if step is not None else "")
+                    + (f" by contributor {contributor}" if contributor is not None else ""))
         return list(self._call("Push", request, timeout, activity).versions)
 
     def assign(self, name: str, value: Any, mode: AssignMode = AssignMode.ASSIGN, *,

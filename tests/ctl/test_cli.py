@@ -3,6 +3,7 @@ started. No processes are started by these tests."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -58,6 +59,26 @@ BAD = [
     ("entrypoint: train.py\ncluster: {ps: 1}\n", 2, "no chief and no worker", "worker: 1"),
     ("entrypoint: train.py\ncluster: {worker: 1}\ncluster: {worker: 2}\n", 3,
      "duplicate key 'cluster'", ""),
+    # mode: collective (default) | coordinator
+    ("mode: coordinater\nentrypoint: train.py\ncluster: {chief: 1, worker: 1}\n", 1,
+     "mode: unknown mode 'coordinater' (allowed: collective, coordinator)",
+     'did you mean "coordinator"?'),
+    ("entrypoint: train.py\nmode: ring\ncluster: {chief: 1, worker: 1}\n", 2,
+     "mode: unknown mode 'ring' (allowed: collective, coordinator)", "parameter-server"),
+    ("entrypoint: train.py\nmode: 3\ncluster: {chief: 1, worker: 1}\n", 2,
+     "mode: expected one of collective, coordinator, got int 3", "coordinator ("),
+    ("entrypoint: train.py\nmode: coordinator\ncluster: {worker: 2, ps: 1}\n", 2,
+     "mode: coordinator needs a chief", "add `chief: 1`"),
+    ("entrypoint: train.py\nmode: coordinator\ncluster: {chief: 1, worker: 0, ps: 2}\n", 2,
+     "mode: coordinator needs at least one worker", "worker: 2"),
+    ("entrypoint: train.py\ncluster: {worker: 1}\nrestart: {max_worker_restarts: 2}\n", 3,
+     "restart.max_worker_restarts: only applies to `mode: coordinator`",
+     "add `mode: coordinator` or remove this key"),
+    ("entrypoint: train.py\nmode: coordinator\ncluster: {chief: 1, worker: 1}\n"
+     "restart:\n  max_worker_restarts: -1\n", 5, "restart.max_worker_restarts: must be >= 0", ""),
+    ("entrypoint: train.py\nmode: coordinator\ncluster: {chief: 1, worker: 1}\n"
+     "restart:\n  max_workers_restarts: 1\n", 5, "restart.max_workers_restarts: unknown key",
+     'did you mean "max_worker_restarts"?'),
 ]
 
 
@@ -137,3 +158,68 @@ def test_render_keeps_listed_addresses(tmp_path, capsys) -> None:
 def test_no_command_prints_help(capsys) -> None:
     assert main([]) == 0
     assert "launch" in capsys.readouterr().out
+
+
+COORDINATOR = textwrap.dedent("""\
+    name: ps-training
+    mode: coordinator
+    entrypoint: train.py
+    args: ["--steps", 10]
+    cluster:
+      chief: 1
+      worker: 2
+      ps: 1
+      evaluator: 1
+    """)
+
+
+def test_coordinator_mode_parses_and_only_chief_and_evaluator_run_the_entrypoint(
+        tmp_path) -> None:
+    path = write(tmp_path, COORDINATOR)
+    spec = parse_cluster_file(path.read_text(), path)
+    script = str((tmp_path / "train.py").resolve())
+    assert spec.mode == "coordinator"
+    assert spec.restart == RestartPolicy(max_worker_restarts=3)  # the default bound
+    assert spec.task_argv("chief") == ("-m", "worker", script, "--steps", "10")
+    assert spec.task_argv("evaluator") == ("-m", "worker", script, "--steps", "10")
+    assert spec.task_argv("worker") == ("-m", "worker")  # serves the coordinator
+    assert spec.task_argv("ps") == ("-m", "ps")
+    module = path.read_text().replace("entrypoint: train.py", "module: pkg.train")
+    path.write_text(module + "restart: {max_worker_restarts: 0, max_restarts: 1}\n")
+    spec = parse_cluster_file(path.read_text(), path)
+    assert spec.task_argv("chief") == ("-m", "worker", "-m", "pkg.train", "--steps", "10")
+    assert spec.task_argv("worker") == ("-m", "worker")
+    assert spec.restart == RestartPolicy(max_restarts=1, max_worker_restarts=0)
+
+
+def test_collective_mode_is_the_default_and_every_trainer_runs_the_entrypoint(tmp_path) -> None:
+    for text in (GOOD, GOOD + "mode: collective\n"):
+        path = write(tmp_path, text)
+        spec = parse_cluster_file(path.read_text(), path)
+        assert spec.mode == "collective"
+        script = str((tmp_path / "train.py").resolve())
+        assert spec.task_argv("worker") == ("-m", "worker", script, "--epochs", "3")
+
+
+def test_coordinator_mode_without_ps_is_valid(tmp_path, capsys) -> None:
+    path = write(tmp_path, "mode: coordinator\nentrypoint: train.py\n"
+                 "cluster: {chief: 1, worker: 1}\n")
+    assert main(["validate", str(path)]) == 0
+    assert "tasks chief:0, worker:0; mode coordinator" in capsys.readouterr().out
+
+
+def test_cluster_file_refuses_a_bad_mode_when_built_directly(tmp_path) -> None:
+    path = write(tmp_path, COORDINATOR)
+    spec = parse_cluster_file(path.read_text(), path)
+    with pytest.raises(ValueError, match="mode must be one of collective, coordinator"):
+        dataclasses.replace(spec, mode="ring")
+    with pytest.raises(ValueError, match="needs a chief and at least one worker"):
+        dataclasses.replace(spec, jobs=tuple(j for j in spec.jobs if j.name != "chief"))
+
+
+def test_render_in_coordinator_mode_gives_every_task_its_tf_config(tmp_path, capsys) -> None:
+    path = write(tmp_path, COORDINATOR + "port_base: 4000\n")
+    assert main(["render", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == [
+        "chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]

@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 
 from cluster import exitcodes
-from cluster.ctl.policy import Decision, Phase, TaskExit, assess, decide, root_cause
+from cluster.ctl.policy import (
+    Decision,
+    Phase,
+    TaskAction,
+    TaskExit,
+    assess,
+    decide,
+    failed_exit_code,
+    on_task_exit,
+    root_cause,
+)
+
+pytestmark = pytest.mark.timeout(30)
 
 TASKS = ["chief:0", "worker:0", "worker:1", "ps:0"]
 NO_CHIEF = ["worker:0", "worker:1", "ps:0"]
@@ -93,3 +105,80 @@ def test_address_in_use(chosen, left, decision) -> None:
 def test_exit_codes(code, text, retryable) -> None:
     assert exitcodes.describe(code) == text
     assert exitcodes.is_retryable(code) is retryable
+
+
+# -- mode: coordinator (parameter-server training) ----------------------------------------------
+
+PS_TASKS = ["chief:0", "worker:0", "worker:1", "ps:0", "ps:1"]
+
+
+@pytest.mark.parametrize(("exits", "phase"), [
+    ({}, Phase.RUNNING),
+    ({"chief:0": 0}, Phase.SUCCEEDED),  # the chief's exit is the run's outcome
+    ({"chief:0": 1}, Phase.FAILED),
+    ({"chief:0": 137}, Phase.FAILED),
+    ({"worker:1": 137}, Phase.RUNNING),  # a dead worker is restarted or left down, not fatal
+    ({"worker:1": 1}, Phase.RUNNING),
+    ({"worker:0": 0}, Phase.RUNNING),  # shut down by the coordinator
+    ({"ps:0": 137}, Phase.RUNNING),  # not restarted; the chief fails by itself, naming it
+    ({"ps:0": 137, "chief:0": 1}, Phase.FAILED),
+    ({"worker:0": 137, "ps:1": 0, "chief:0": 0}, Phase.SUCCEEDED),
+    ({"evaluator:0": 1}, Phase.FAILED),  # the evaluator runs the entrypoint: fails as ever
+    ({"evaluator:0": 0}, Phase.RUNNING),
+])
+def test_assess_coordinator(exits, phase) -> None:
+    assert assess(exits, [*PS_TASKS, "evaluator:0"], "coordinator") is phase
+
+
+@pytest.mark.parametrize(("task", "code", "done", "limit", "action"), [
+    ("worker:1", 137, 0, 3, TaskAction.RESTART),  # SIGKILL: restart that task alone
+    ("worker:1", 1, 0, 3, TaskAction.RESTART),
+    ("worker:1", 203, 2, 3, TaskAction.RESTART),  # its port was taken: try again, counted
+    ("worker:1", 137, 3, 3, TaskAction.GIVE_UP),  # bound used up: keep running without it
+    ("worker:0", 137, 0, 0, TaskAction.GIVE_UP),
+    ("worker:0", 0, 0, 3, TaskAction.NONE),  # the coordinator shut it down
+    ("ps:0", 137, 0, 3, TaskAction.LOST),  # its variables are gone: never restarted
+    ("ps:0", 0, 0, 3, TaskAction.LOST),
+    ("chief:0", 1, 0, 3, TaskAction.NONE),  # the chief's exit is assess()'s business
+    ("evaluator:0", 1, 0, 3, TaskAction.NONE),
+])
+def test_on_task_exit_coordinator(task, code, done, limit, action) -> None:
+    assert on_task_exit(task, code, mode="coordinator", restarts_done=done,
+                        max_restarts=limit) is action
+
+
+@pytest.mark.parametrize("task", ["chief:0", "worker:1", "ps:0", "evaluator:0"])
+def test_on_task_exit_collective_acts_on_no_single_task(task) -> None:
+    assert on_task_exit(task, 137, mode="collective", restarts_done=0,
+                        max_restarts=3) is TaskAction.NONE
+
+
+@pytest.mark.parametrize(("exits", "root"), [
+    ([], None),
+    # success: the servers were stopped (exit 0 on SIGTERM, or killed after the grace)
+    ([E("chief:0", 0, 0), E("worker:0", 0, 1, True), E("ps:0", 0, 2, True)], None),
+    ([E("chief:0", 0, 0), E("worker:0", 137, 1, True)], "worker:0"),  # run succeeded anyway
+    ([E("chief:0", 1, 0), E("worker:0", 0, 1, True), E("ps:0", 0, 2, True)], "chief:0"),
+    # a ps died, then the chief failed because of it: the ps is the root cause
+    ([E("ps:0", 137, 0), E("chief:0", 1, 1), E("worker:0", 0, 2, True)], "ps:0"),
+    ([E("ps:1", 1, 0), E("ps:0", 137, 1), E("chief:0", 2, 2)], "ps:1"),  # the first ps
+    ([E("ps:0", 137, 0), E("chief:0", 201, 1)], "ps:0"),
+    # a worker that died and was restarted is not the root cause of the chief's failure
+    ([E("worker:1", 137, 0), E("chief:0", 1, 1), E("worker:1", 143, 2, True)], "chief:0"),
+    ([E("worker:1", 137, 0), E("worker:1", 137, 1), E("chief:0", 143, 2, True)], "chief:0"),
+    ([E("worker:1", 137, 0), E("chief:0", 0, 1)], "worker:1"),  # no other failure to name
+])
+def test_root_cause_coordinator(exits, root) -> None:
+    found = root_cause(exits, "coordinator")
+    assert (found.task if found else None) == root
+
+
+@pytest.mark.parametrize(("exits", "mode", "code"), [
+    ([E("chief:0", 3, 0)], "coordinator", 3),  # the chief's code passes through
+    ([E("chief:0", 137, 1), E("ps:0", 137, 0)], "coordinator", 137),
+    ([E("ps:0", 137, 0), E("chief:0", 143, 1, True)], "coordinator", 1),  # stopped: ours
+    ([E("evaluator:0", 4, 0), E("chief:0", 143, 1, True)], "coordinator", 1),
+    ([E("chief:0", 3, 0)], "collective", 1),
+])
+def test_failed_exit_code(exits, mode, code) -> None:
+    assert failed_exit_code(exits, mode, 1) == code

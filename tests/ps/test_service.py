@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cluster.errors import (
+    ClusterError,
     PeerUnavailableError,
     StaleStepError,
     SyncTimeoutError,
@@ -112,7 +113,7 @@ def test_sync_push_over_the_wire(servers) -> None:
     for t in threads:
         t.join(timeout=20)
     assert results == [[2], [2]]
-    assert store.pull(["w"])[0].value.tolist() == [-3.0, -3.0, -3.0]
+    assert store.pull(["w"])[0].value.tolist() == [-1.5, -1.5, -1.5]  # the mean of 1 and 2
     with pytest.raises(StaleStepError, match="step 0"):
         clients[1].push({"w": np.ones(3, F32)}, step=0, num_contributors=2)
     for c in clients:
@@ -125,6 +126,60 @@ def test_lonely_sync_push_times_out_typed_before_the_rpc_deadline(servers) -> No
         ps.create("w", np.zeros(3, F32), optimizer=OptimizerSpec.sgd(1.0))
         with pytest.raises(SyncTimeoutError, match="step 0"):
             ps.push({"w": np.ones(3, F32)}, step=0, num_contributors=2, timeout=1.0)
+
+
+def test_first_push_sets_the_optimizer_over_the_wire(servers) -> None:
+    (store, address), = servers(1)
+    with PsClient(address, TOKEN, task="ps:0", timeout=5) as ps:
+        ps.create("w", np.zeros(3, F32))
+        with pytest.raises(VariableMismatchError, match="w on ps:0, which has no optimizer"):
+            ps.push({"w": np.ones(3, F32)})
+        spec = OptimizerSpec.sgd(0.5, momentum=0.9)
+        assert ps.push({"w": np.ones(3, F32)}, optimizer=spec) == [2]
+        assert store._vars["w"].optimizer == spec
+        assert store.slot("w", "momentum").tolist() == [-0.5, -0.5, -0.5]  # -lr * g
+        with pytest.raises(VariableMismatchError, match="rule='adam'.*rule='sgd'"):
+            ps.push({"w": np.ones(3, F32)}, optimizer=OptimizerSpec.adam())
+        assert ps.push({"w": np.ones(3, F32)}) == [3]
+
+
+def test_coordinated_sync_push_over_the_wire(servers) -> None:
+    (store, address), = servers(1)
+    with PsClient(address, TOKEN, task="ps:0", timeout=5) as ps:
+        ps.create("w", np.zeros(3, F32))
+        sgd = OptimizerSpec.sgd(1.0)
+        # no_wait: answered as soon as recorded; contributor 0 is sent (not read as "absent").
+        assert ps.push({"w": np.full(3, 9.0, F32)}, step=0, num_contributors=2, contributor=0,
+                       optimizer=sgd, wait=False) == [1]
+        assert ps.push({"w": np.full(3, 1.0, F32)}, step=0, num_contributors=2, contributor=0,
+                       wait=False) == [1]  # replaces the 9s
+        with pytest.raises(ClusterError, match="without a contributor index"):
+            ps.push({"w": np.ones(3, F32)}, step=0, num_contributors=2, wait=False)
+        assert ps.push({"w": np.full(3, 2.0, F32)}, step=0, num_contributors=2,
+                       contributor=1) == [2]
+        assert store.pull(["w"])[0].value.tolist() == [-1.5, -1.5, -1.5]  # mean of 1 and 2
+        # A re-run of contributor 1's function after the step applied changes nothing.
+        assert ps.push({"w": np.full(3, 7.0, F32)}, step=0, num_contributors=2,
+                       contributor=1) == [2]
+        assert store.pull(["w"])[0].value.tolist() == [-1.5, -1.5, -1.5]
+        with pytest.raises(StaleStepError, match="step 0"):
+            ps.push({"w": np.ones(3, F32)}, step=0, num_contributors=2)
+        with pytest.raises(ValueError, match="contributor must be .*got 2"):
+            ps.push({"w": np.ones(3, F32)}, step=1, num_contributors=2, contributor=2)
+
+
+def test_indexed_mean_over_the_wire_is_independent_of_arrival_order(servers) -> None:
+    grads = [np.array([1e8, 1.0, 0.1], F32), np.array([1.0, -1e8, 0.2], F32),
+             np.array([-1e8, 1e8, 0.3], F32)]
+    results = set()
+    for (store, address), order in zip(servers(2), ([0, 1, 2], [2, 1, 0]), strict=True):
+        with PsClient(address, TOKEN, task="ps:0", timeout=5) as ps:
+            ps.create("w", np.zeros(3, F32), optimizer=OptimizerSpec.sgd(1.0))
+            for k in order:
+                ps.push({"w": grads[k]}, step=0, num_contributors=3, contributor=k, wait=False)
+        results.add(store.pull(["w"])[0].value.tobytes())
+    mean = ((grads[0] + grads[1]) + grads[2]) / F32(3)  # in contributor order
+    assert results == {(np.zeros(3, F32) - mean).tobytes()}
 
 
 def test_wrong_token_is_unauthenticated(servers) -> None:

@@ -161,7 +161,7 @@ def test_concurrent_async_pushes_apply_exactly_n_updates(pushers: int, pushes_ea
 
 # ---- synchronous mode --------------------------------------------------------------------------
 
-def test_sync_mode_applies_the_sum_once() -> None:
+def test_sync_mode_applies_the_mean_once() -> None:
     n = 3
     grads = [np.array([1.0, 2.0, 4.0], F32) * (i + 1) for i in range(n)]
     store = _store(optimizer=OptimizerSpec.sgd(0.5, momentum=0.9))
@@ -176,7 +176,8 @@ def test_sync_mode_applies_the_sum_once() -> None:
     for t in threads:
         t.start()
     _join(threads)
-    reference.push({"w": grads[0] + grads[1] + grads[2]})
+    # Unindexed pushes are summed in arrival order; these integer-valued sums are exact in any.
+    reference.push({"w": (grads[0] + grads[1] + grads[2]) / F32(n)})
     assert versions == [[2]] * n  # every pusher returns after the one update
     assert store.pull(["w"])[0].value.tobytes() == reference.pull(["w"])[0].value.tobytes()
 
@@ -212,9 +213,10 @@ def test_sync_timeout_withdraws_the_contribution() -> None:
     grad = np.ones(3, F32)
     with pytest.raises(SyncTimeoutError, match="step 0 on ps:0.*w"):
         store.push({"w": grad}, step=0, num_contributors=2, deadline=Deadline.after(0.2))
-    # Withdrawn: a retry of step 0 plus one other contributor applies exactly one sum of two.
+    # Withdrawn: a retry of step 0 plus one other contributor applies exactly one mean of two
+    # (a leftover third contribution would make the mean differ from the gradients pushed).
     store.push({"w": grad}, step=0, num_contributors=2, wait=False)
-    store.push({"w": grad}, step=0, num_contributors=2, wait=False)
+    store.push({"w": 3 * grad}, step=0, num_contributors=2, wait=False)
     assert store.pull(["w"])[0].value.tolist() == [-1.0, 0.0, 1.0]
 
 

@@ -83,14 +83,20 @@ class PullReply(_message.Message):
     def __init__(self, values: _Optional[_Iterable[_Union[VariableValue, _Mapping]]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("gradients", "step", "num_contributors")
+    __slots__ = ("gradients", "step", "num_contributors", "optimizer", "contributor", "no_wait")
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     NUM_CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTOR_FIELD_NUMBER: _ClassVar[int]
+    NO_WAIT_FIELD_NUMBER: _ClassVar[int]
     gradients: _containers.RepeatedCompositeFieldContainer[VariableValue]
     step: int
     num_contributors: int
-    def __init__(self, gradients: _Optional[_Iterable[_Union[VariableValue, _Mapping]]] = ..., step: _Optional[int] = ..., num_contributors: _Optional[int] = ...) -> None: ...
+    optimizer: OptimizerConfig
+    contributor: int
+    no_wait: bool
+    def __init__(self, gradients: _Optional[_Iterable[_Union[VariableValue, _Mapping]]] = ..., step: _Optional[int] = ..., num_contributors: _Optional[int] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., contributor: _Optional[int] = ..., no_wait: _Optional[bool] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("versions",)

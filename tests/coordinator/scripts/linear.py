@@ -1,0 +1,107 @@
+"""Chief script: linear regression with ParameterServerStrategy and a ClusterCoordinator.
+
+    --mode sync|async   --steps N   --out FILE (progress marker)   --slow SECONDS per function
+
+Prints ``RESULT {json}``: the trained parameters, the single-process reference (sync), losses.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+import cluster
+import cluster.runtime
+from cluster.coordinator import ClusterCoordinator
+from cluster.errors import ClusterError
+from cluster.ps import FixedShardsPartitioner
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="sync")
+parser.add_argument("--steps", type=int, default=8)
+parser.add_argument("--batch", type=int, default=16)
+parser.add_argument("--ready", default="")
+parser.add_argument("--slow", type=float, default=0.0)
+opts = parser.parse_args()
+
+rng = np.random.default_rng(7)
+FEATURES, OUT = 12, 3
+X = rng.normal(size=(4096, FEATURES)).astype(np.float32)
+TRUE_W = rng.normal(size=(FEATURES, OUT)).astype(np.float32)
+Y = (X @ TRUE_W + 0.5).astype(np.float32)
+W0 = (0.1 * rng.normal(size=(FEATURES, OUT))).astype(np.float32)
+
+
+def batch(i):
+    start = (i * opts.batch) % (len(X) - opts.batch)
+    return X[start:start + opts.batch], Y[start:start + opts.batch]
+
+
+def grads_of(w, b, x, y):
+    err = x @ w + b - y  # loss = mean over the batch of sum of squares / 2
+    n = x.shape[0]
+    return (x.T @ err / n).astype(np.float32), (err.sum(axis=0) / n).astype(np.float32), \
+        float((err ** 2).sum() / (2 * n))
+
+
+resolver = cluster.runtime.current().resolver
+strategy = cluster.ParameterServerStrategy(
+    resolver, variable_partitioner=FixedShardsPartitioner(2), synchronous=opts.mode == "sync")
+coordinator = ClusterCoordinator(strategy)
+with strategy.scope():
+    w = cluster.Variable(W0, name="w")
+    b = cluster.Variable(np.zeros(OUT, np.float32), name="b")
+    optimizer = cluster.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+
+
+def step(i):
+    def replica_fn(x, y):
+        gw, gb, loss = grads_of(w.numpy(), b.numpy(), x, y)
+        optimizer.apply_gradients([(gw, w), (gb, b)])
+        return loss
+
+    if opts.slow:
+        time.sleep(opts.slow)
+    x, y = batch(i)
+    loss = strategy.run(replica_fn, args=(x, y))
+    return {"i": i, "loss": loss, "task": cluster.runtime.current().task, "pid": os.getpid()}
+
+
+workers = len(resolver.cluster_spec().as_dict()["worker"])
+total = opts.steps * workers
+t0 = time.time()
+values = []
+for i in range(total):
+    values.append(coordinator.schedule(step, args=(i,)))
+    if opts.ready and i == min(total - 1, 2 * workers):
+        values[0].fetch()
+        open(opts.ready, "w").write(str(time.time()))
+error = None
+try:
+    coordinator.join()
+    results = [v.fetch() for v in values]
+except ClusterError as e:
+    error = {"type": type(e).__name__, "task": getattr(e, "task", ""), "message": str(e),
+             "at": time.time()}
+    results = []
+
+out = {"error": error, "results": results, "seconds": time.time() - t0,
+       "w_shards": [v.device for v in w.variables] if hasattr(w, "variables") else []}
+if error is None:
+    out["w"] = w.numpy().tolist()
+    out["b"] = b.numpy().tolist()
+if error is None and opts.mode == "sync":
+    # One process, global batch = the round's batches together, same optimizer rule.
+    rw, rb = cluster.Variable(W0), cluster.Variable(np.zeros(OUT, np.float32))
+    ref_opt = cluster.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    for s in range(opts.steps):
+        parts = [batch(s * workers + k) for k in range(workers)]
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        gw, gb, _ = grads_of(rw.numpy(), rb.numpy(), x, y)
+        ref_opt.apply_gradients([(gw, rw), (gb, rb)])
+    out["ref_w"] = rw.numpy().tolist()
+    out["ref_b"] = rb.numpy().tolist()
+print("RESULT " + json.dumps(out), flush=True)
