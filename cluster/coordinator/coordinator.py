@@ -83,6 +83,7 @@ class _Closure:
     body: bytes | None = None
     refs: tuple[int, ...] = ()
     attempts: int = 0
+    generation: int = 0
 
     @property
     def round(self) -> int:
@@ -118,6 +119,7 @@ class _Queue:
         self._per_round: collections.Counter[int] = collections.Counter()
         self._error: BaseException | None = None  # raised once by join/schedule/done
         self._fatal: BaseException | None = None  # raised by every call from then on
+        self._generation = 0  # +1 each time an error is raised to the caller
         self._closing = False
 
     def put(self, closure: _Closure) -> None:
@@ -143,7 +145,9 @@ class _Queue:
             if self._closing:
                 return None
             self._inflight += 1
-            return self._items.popleft()
+            closure = self._items.popleft()
+            closure.generation = self._generation
+            return closure
 
     def requeue(self, closure: _Closure) -> None:
         """Put a closure whose worker died back in front, to run elsewhere."""
@@ -166,7 +170,9 @@ class _Queue:
         with self._cond:
             self._inflight -= 1
             self._finish(closure)
-            if error is not None:
+            # An error already raised to the caller ends its generation: failures of functions
+            # dispatched before that are its echoes, not news.
+            if error is not None and closure.generation == self._generation:
                 self._set_error(error)
             self._cond.notify_all()
 
@@ -191,6 +197,7 @@ class _Queue:
             raise self._fatal
         error, self._error = self._error, None
         if error is not None:
+            self._generation += 1
             raise error
 
     def raise_error(self) -> None:
@@ -207,9 +214,10 @@ class _Queue:
             return bool(self._items) and self._error is None and self._fatal is None
 
     def join(self) -> None:
+        """Until nothing is queued or running; after a function's error, until the functions
+        already running ended too (the queued ones were cancelled), then raise it."""
         with self._cond:
-            while (self._items or self._inflight) and self._error is None \
-                    and self._fatal is None:
+            while (self._items or self._inflight) and self._fatal is None:
                 self._cond.wait()
             self._raise_error()
 

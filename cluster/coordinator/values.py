@@ -93,3 +93,10 @@ class PerWorkerDataset(PerWorkerValues):
 class PerWorkerIterator(PerWorkerValues):
     """One iterator per worker over that worker's dataset; in a scheduled function it is the
     worker's own iterator (``next(iterator)``)."""
+
+    def __iter__(self) -> PerWorkerIterator:
+        return self
+
+    def __next__(self) -> Any:
+        raise TypeError("a per-worker iterator is read on the workers: pass it to "
+                        "coordinator.schedule(fn, args=(iterator,)) and call next() in fn")

@@ -254,7 +254,8 @@ class ParameterServerStrategy(Strategy):
         index = rt.task_id if rt is not None and rt.task_type == "worker" else 0
         return DistributedDatasetsFromFunction(dataset_fn, num_workers=workers,
                                                worker_index=min(index, workers - 1),
-                                               num_replicas_in_sync=workers)
+                                               num_replicas_in_sync=workers,
+                                               wrap=self._wrap_local)
 
     def __repr__(self) -> str:
         mode = "synchronous" if self.synchronous else "asynchronous"

@@ -73,13 +73,13 @@ workers = len(resolver.cluster_spec().as_dict()["worker"])
 total = opts.steps * workers
 t0 = time.time()
 values = []
-for i in range(total):
-    values.append(coordinator.schedule(step, args=(i,)))
-    if opts.ready and i == min(total - 1, 2 * workers):
-        values[0].fetch()
-        open(opts.ready, "w").write(str(time.time()))
 error = None
 try:
+    for i in range(total):
+        values.append(coordinator.schedule(step, args=(i,)))
+        if opts.ready and i == min(total - 1, 2 * workers):
+            values[0].fetch()
+            open(opts.ready, "w").write(str(time.time()))
     coordinator.join()
     results = [v.fetch() for v in values]
 except ClusterError as e:
@@ -89,7 +89,13 @@ except ClusterError as e:
 
 out = {"error": error, "results": results, "seconds": time.time() - t0,
        "w_shards": [v.device for v in w.variables] if hasattr(w, "variables") else []}
+def full_loss(wv, bv):
+    return grads_of(wv, bv, X, Y)[2]
+
+
+out["loss_initial"] = full_loss(W0, np.zeros(OUT, np.float32))
 if error is None:
+    out["loss_final"] = full_loss(w.numpy(), b.numpy())
     out["w"] = w.numpy().tolist()
     out["b"] = b.numpy().tolist()
 if error is None and opts.mode == "sync":
