@@ -8,6 +8,7 @@ it within 10 s, and a partitioned variable round-trips exactly.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -69,8 +70,6 @@ def test_a_killed_worker_has_its_functions_rerun_and_is_used_again(ps_cluster, t
         time.sleep(0.5)
         cluster.start("worker:0")
 
-    import threading
-
     thread = threading.Thread(target=kill_and_restart, daemon=True)
     thread.start()
     code, output, result = cluster.run_chief(
@@ -96,8 +95,6 @@ def test_a_killed_parameter_server_is_a_typed_error_naming_it_within_10_s(ps_clu
         _wait_for(ready, 60)
         cluster.kill("ps:1")
         killed["at"] = time.time()
-
-    import threading
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
@@ -142,3 +139,28 @@ def test_coordinator_semantics_and_a_partitioned_variable_round_trip(ps_cluster)
     assert result["chained"] == [0, 2, 4]
     assert result["unpicklable"] == "TypeError"
     assert result["done"] is True
+
+
+def test_synchronous_training_survives_a_killed_worker_and_still_equals_the_reference(
+        ps_cluster, tmp_path):
+    """A function of a dead worker re-runs with its step and contributor; the parameter servers
+    replace a partial contribution, so the result is still the single-process one."""
+    cluster = ps_cluster(workers=2, ps=2)
+    ready = tmp_path / "ready"
+
+    def kill_and_restart():
+        _wait_for(ready, 60)
+        cluster.kill("worker:1")
+        time.sleep(0.5)
+        cluster.start("worker:1")
+
+    thread = threading.Thread(target=kill_and_restart, daemon=True)
+    thread.start()
+    code, output, result = cluster.run_chief(
+        "linear.py", "--mode", "sync", "--steps", "15", "--slow", "0.1", "--ready", str(ready))
+    thread.join(timeout=30)
+    assert code == 0, output
+    assert result["error"] is None, result["error"]
+    assert sorted(r["i"] for r in result["results"]) == list(range(30))
+    np.testing.assert_allclose(result["w"], result["ref_w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result["b"], result["ref_b"], rtol=1e-5, atol=1e-6)
