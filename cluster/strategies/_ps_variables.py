@@ -207,7 +207,7 @@ class PsVariable(Variable):
     def _assign(self, mode: AssignMode, value: Any, what: str) -> None:
         array = convert_for(self, value, what)
         array = array.get() if xp_of(array) is not np else np.asarray(array)
-        array = np.ascontiguousarray(np.broadcast_to(array, self.shape))
+        array = np.array(np.broadcast_to(array, self.shape), order="C")  # 0-d stays 0-d
         connections = self._strategy.extended._connections
         for shard in self._spec.shards:
             rows = array[shard.offset:shard.offset + shard.shape[0]] if shard.shape else array
@@ -285,7 +285,7 @@ class _Pending:
     def add(self, variable: PsVariable, grad: np.ndarray) -> None:
         for shard in variable._spec.shards:
             rows = grad[shard.offset:shard.offset + shard.shape[0]] if shard.shape else grad
-            self.by_ps.setdefault(shard.ps, {})[shard.name] = np.ascontiguousarray(rows)
+            self.by_ps.setdefault(shard.ps, {})[shard.name] = np.require(rows, requirements="C")
 
 
 def _rebuild_variable(config: Any, spec: VariableSpec) -> PsVariable:

@@ -138,6 +138,7 @@ def test_coordinator_semantics_and_a_partitioned_variable_round_trip(ps_cluster)
     assert result["cancelled_some"] > 0
     assert result["chained"] == [0, 2, 4]
     assert result["unpicklable"] == "TypeError"
+    assert result["metric"] == pytest.approx(4.5)
     assert result["done"] is True
 
 

@@ -118,5 +118,12 @@ try:
     out["unpicklable"] = "accepted"
 except TypeError as e:
     out["unpicklable"] = type(e).__name__
+# -- metrics: state on the parameter servers, updated by every worker --------------------------
+with strategy.scope():
+    mean = cluster.metrics.Mean()
+for k in range(10):
+    coordinator.schedule(lambda k: mean.update_state(np.array([k, k], np.float32)), args=(k,))
+coordinator.join()
+out["metric"] = float(mean.result())
 out["done"] = coordinator.done()
 print("RESULT " + json.dumps(out), flush=True)
