@@ -24,6 +24,25 @@ def _wait_for(path, seconds: float) -> None:
         time.sleep(0.05)
 
 
+def _when_ready(ready, action) -> threading.Thread:
+    """Run ``action()`` in a thread once the chief wrote ``ready`` (training is under way)."""
+    def wait_then_act():
+        _wait_for(ready, 60)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def _kill_and_restart(cluster, task: str):
+    def action():
+        cluster.kill(task)
+        time.sleep(0.5)
+        cluster.start(task)
+    return action
+
+
 def test_synchronous_training_equals_the_single_process_reference(ps_cluster):
     cluster = ps_cluster(workers=2, ps=2)
     code, output, result = cluster.run_chief("linear.py", "--mode", "sync", "--steps", "6")
@@ -61,17 +80,7 @@ def test_asynchronous_training_converges(ps_cluster):
 def test_a_killed_worker_has_its_functions_rerun_and_is_used_again(ps_cluster, tmp_path):
     cluster = ps_cluster(workers=2, ps=2)
     ready = tmp_path / "ready"
-    started = {}
-
-    def kill_and_restart():
-        _wait_for(ready, 60)
-        cluster.kill("worker:0")
-        started["killed"] = time.time()
-        time.sleep(0.5)
-        cluster.start("worker:0")
-
-    thread = threading.Thread(target=kill_and_restart, daemon=True)
-    thread.start()
+    thread = _when_ready(ready, _kill_and_restart(cluster, "worker:0"))
     code, output, result = cluster.run_chief(
         "linear.py", "--mode", "async", "--steps", "40", "--slow", "0.1", "--ready", str(ready))
     thread.join(timeout=30)
@@ -92,12 +101,10 @@ def test_a_killed_parameter_server_is_a_typed_error_naming_it_within_10_s(ps_clu
     killed = {}
 
     def kill():
-        _wait_for(ready, 60)
         cluster.kill("ps:1")
         killed["at"] = time.time()
 
-    thread = threading.Thread(target=kill, daemon=True)
-    thread.start()
+    thread = _when_ready(ready, kill)
     code, output, result = cluster.run_chief(
         "linear.py", "--mode", "async", "--steps", "400", "--slow", "0.05", "--ready",
         str(ready))
@@ -148,15 +155,7 @@ def test_synchronous_training_survives_a_killed_worker_and_still_equals_the_refe
     replace a partial contribution, so the result is still the single-process one."""
     cluster = ps_cluster(workers=2, ps=2)
     ready = tmp_path / "ready"
-
-    def kill_and_restart():
-        _wait_for(ready, 60)
-        cluster.kill("worker:1")
-        time.sleep(0.5)
-        cluster.start("worker:1")
-
-    thread = threading.Thread(target=kill_and_restart, daemon=True)
-    thread.start()
+    thread = _when_ready(ready, _kill_and_restart(cluster, "worker:1"))
     code, output, result = cluster.run_chief(
         "linear.py", "--mode", "sync", "--steps", "15", "--slow", "0.1", "--ready", str(ready))
     thread.join(timeout=30)
