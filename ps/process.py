@@ -16,6 +16,7 @@ import sys
 from cluster import exitcodes, lifecycle, runtime
 from cluster.errors import AddressInUseError, ClusterError
 from cluster.ps.store import VariableStore
+from cluster.transport import _malloc
 from cluster.transport.ps_client import SERVICE
 from ps.servicer import PsService
 
@@ -54,6 +55,7 @@ def run(argv: list[str]) -> int:
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
     lifecycle.install_termination_handlers((signal.SIGTERM, signal.SIGINT))
+    _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
     store = VariableStore()
     service = PsService(store)
     try:

@@ -13,7 +13,7 @@ import grpc
 from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_wire import ERROR_KEY, from_chunk, to_chunk
+from cluster.transport._ps_wire import ERROR_KEY, fill_chunk, from_chunk
 from cluster.transport.deadline import Deadline
 from cluster.transport.ps_client import SERVICE, optimizer_from_proto, status_of
 from cluster.transport.server import TaskServer
@@ -70,10 +70,11 @@ class PsService:
 
     def _pull(self, request, context):
         newer_than = list(request.newer_than) or None
-        values = [ps_pb2.VariableValue(name=p.name, version=p.version,
-                                       value=to_chunk(p.value, f"variable {p.name}"))
-                  for p in self.store.pull(list(request.names), newer_than)]
-        return ps_pb2.PullReply(values=values)
+        reply = ps_pb2.PullReply()
+        for p in self.store.pull(list(request.names), newer_than):
+            value = reply.values.add(name=p.name, version=p.version)
+            fill_chunk(value.value, p.value, f"variable {p.name}")  # in place: no nested copy
+        return reply
 
     def _push(self, request, context):
         grads = {}

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from cluster.errors import PeerUnavailableError, PsUnavailableError
 from cluster.ps.store import Pulled
+from cluster.transport import _malloc
 from cluster.transport.auth import Token
 from cluster.transport.ps_client import DEFAULT_TIMEOUT, PsClient
 
@@ -33,6 +34,7 @@ class PsConnections:
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         if not ps_tasks:
             raise ValueError("PsConnections: no ps tasks")
+        _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
         self.tasks = tuple(ps_tasks)
         self.clients = tuple(PsClient(address, token, task=task, timeout=timeout)
                              for task, address in self.tasks)

@@ -15,7 +15,8 @@ import numpy as np
 from cluster import errors
 from cluster.transport._pb import tensor_pb2
 
-__all__ = ["ERROR_KEY", "MAX_TENSOR_BYTES", "STORE_ERRORS", "from_chunk", "to_chunk"]
+__all__ = ["ERROR_KEY", "MAX_TENSOR_BYTES", "STORE_ERRORS", "fill_chunk", "from_chunk",
+           "to_chunk"]
 
 MAX_TENSOR_BYTES = (2 << 30) - (64 << 20)
 
@@ -43,6 +44,14 @@ _FROM_WIRE = {v: k.newbyteorder("<") for k, v in _TO_WIRE.items()}
 def to_chunk(array: np.ndarray, what: str) -> tensor_pb2.TensorChunk:
     """``array`` as one TensorChunk. Raises ``TypeError`` for a dtype the wire cannot carry and
     ``ValueError`` above :data:`MAX_TENSOR_BYTES`; ``what`` names the tensor in messages."""
+    chunk = tensor_pb2.TensorChunk()
+    fill_chunk(chunk, array, what)
+    return chunk
+
+
+def fill_chunk(chunk: tensor_pb2.TensorChunk, array: np.ndarray, what: str) -> None:
+    """:func:`to_chunk` into ``chunk``, a field of a message being built: protobuf copies a
+    message passed to a parent's constructor, so large tensors are filled in place instead."""
     array = np.asarray(array)
     wire = _TO_WIRE.get(array.dtype.newbyteorder("="))
     if wire is None:
@@ -52,9 +61,11 @@ def to_chunk(array: np.ndarray, what: str) -> tensor_pb2.TensorChunk:
         raise ValueError(f"{what}: {array.nbytes} bytes exceed the {MAX_TENSOR_BYTES} bytes one "
                          "message carries; shard the variable (MaxSizePartitioner)")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-    return tensor_pb2.TensorChunk(
-        meta=tensor_pb2.TensorMeta(dtype=wire, shape=array.shape), offset=0,
-        total_bytes=len(data), data=data)
+    chunk.meta.dtype = wire
+    chunk.meta.shape[:] = array.shape
+    chunk.offset = 0
+    chunk.total_bytes = len(data)
+    chunk.data = data
 
 
 def from_chunk(chunk: tensor_pb2.TensorChunk, what: str) -> np.ndarray:
@@ -67,8 +78,9 @@ def from_chunk(chunk: tensor_pb2.TensorChunk, what: str) -> np.ndarray:
     if any(d < 0 for d in shape):
         raise ValueError(f"{what}: negative dimension in shape {shape}")
     expected = math.prod(shape) * dtype.itemsize
-    if chunk.offset != 0 or chunk.total_bytes != expected or len(chunk.data) != expected:
+    data = chunk.data  # each read of a bytes field copies it: read once
+    if chunk.offset != 0 or chunk.total_bytes != expected or len(data) != expected:
         raise ValueError(f"{what}: expected one chunk of {expected} bytes for shape {shape} "
-                         f"{dtype}, got offset {chunk.offset}, {len(chunk.data)} of "
+                         f"{dtype}, got offset {chunk.offset}, {len(data)} of "
                          f"{chunk.total_bytes} bytes (chunked tensors are not supported)")
-    return np.frombuffer(chunk.data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)

@@ -19,7 +19,12 @@ import numpy as np
 from cluster.errors import ClusterError, PeerUnavailableError, UnauthenticatedError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_wire import ERROR_KEY, STORE_ERRORS, from_chunk, to_chunk
+from cluster.transport._ps_wire import (
+    ERROR_KEY,
+    STORE_ERRORS,
+    fill_chunk,
+    from_chunk,
+)
 from cluster.transport.auth import Token
 from cluster.transport.server import CHANNEL_OPTIONS
 
@@ -134,8 +139,9 @@ class PsClient:
                timeout: float | None = None) -> int:
         """:meth:`VariableStore.create` on the task; returns the variable's version."""
         request = ps_pb2.CreateVariableRequest(
-            name=name, initial_value=to_chunk(np.asarray(initial_value), f"variable {name}"),
-            trainable=trainable, optimizer=optimizer_to_proto(optimizer), exist_ok=exist_ok)
+            name=name, trainable=trainable, optimizer=optimizer_to_proto(optimizer),
+            exist_ok=exist_ok)
+        fill_chunk(request.initial_value, np.asarray(initial_value), f"variable {name}")
         return self._call("CreateVariable", request, timeout, f"create {name}").version
 
     def pull(self, names: Iterable[str], newer_than: int | Sequence[int] | None = None, *,
@@ -164,12 +170,10 @@ class PsClient:
         if contributor is not None and not 0 <= contributor < num_contributors:
             raise ValueError(f"contributor must be an int in [0, {num_contributors}) "
                              f"(num_contributors={num_contributors}), got {contributor!r}")
-        request = ps_pb2.PushRequest(
-            gradients=[ps_pb2.VariableValue(name=n, value=to_chunk(np.asarray(g),
-                                                                   f"gradient of {n}"))
-                       for n, g in grads.items()],
-            step=step or 0, num_contributors=num_contributors, contributor=contributor,
-            no_wait=not wait)
+        request = ps_pb2.PushRequest(step=step or 0, num_contributors=num_contributors,
+                                     contributor=contributor, no_wait=not wait)
+        for n, g in grads.items():  # filled in place: a nested constructor copies the bytes
+            fill_chunk(request.gradients.add(name=n).value, np.asarray(g), f"gradient of {n}")
         if optimizer is not None:
             request.optimizer.CopyFrom(optimizer_to_proto(optimizer))
         activity = (f"push of {len(grads)} gradients"
@@ -180,8 +184,7 @@ class PsClient:
     def assign(self, name: str, value: Any, mode: AssignMode = AssignMode.ASSIGN, *,
                timeout: float | None = None) -> int:
         """:meth:`VariableStore.assign` on the task; returns the new version."""
-        request = ps_pb2.AssignRequest(
-            value=ps_pb2.VariableValue(name=name, value=to_chunk(np.asarray(value),
-                                                                 f"value of {name}")),
-            mode=int(mode))
+        request = ps_pb2.AssignRequest(mode=int(mode))
+        request.value.name = name
+        fill_chunk(request.value.value, np.asarray(value), f"value of {name}")
         return self._call("Assign", request, timeout, f"assign to {name}").version
