@@ -34,7 +34,7 @@ from cluster.values import Mirrored, PerReplica
 from cluster.variables import Variable, VariableAggregation, VariableSynchronization
 
 # isort: off
-from cluster import coordinator  # after the strategies: it builds on them
+from cluster import coordinator, runtime  # after the strategies: they build on them
 # isort: on
 
 __all__ = [
@@ -62,5 +62,6 @@ __all__ = [
     "in_cross_replica_context",
     "metrics",
     "coordinator",
+    "runtime",
     "optimizers",
 ]

@@ -21,7 +21,9 @@ Fault tolerance, as TF promises and a little more:
 Synchronous strategies run functions in rounds of one per worker (round ``r`` = functions
 ``r*N .. r*N+N-1`` in schedule order, contributor = position in the round); round ``r+1``
 starts when every function of round ``r`` has finished, so each step reads the previous step's
-update. A function of a dead worker is re-run with the same step and contributor.
+update. Contributor ``c`` runs on worker ``c`` (so per-worker iterators feed the same steps in
+every run) unless that worker is down; a function of a dead worker is re-run elsewhere with the
+same step and contributor.
 """
 
 from __future__ import annotations
@@ -129,23 +131,40 @@ class _Queue:
             self._per_round[closure.round] += 1
             self._cond.notify_all()
 
-    def _eligible(self) -> _Closure | None:
+    def _eligible(self, worker: int, is_up: Callable[[int], bool]) -> _Closure | None:
         if not self._items or self._error is not None or self._fatal is not None:
             return None
-        first = self._items[0]
-        if self._synchronous and first.round != min(self._per_round):
-            return None  # the previous round is still running
-        return first
+        if not self._synchronous:
+            return self._items[0]
+        current = min(self._per_round)
+        # Contributor c of a round runs on worker c, so each worker's iterator feeds the same
+        # steps in every run (reproducible); it runs elsewhere only while worker c is down.
+        fallback = None
+        for closure in self._items:
+            if closure.round != current:
+                break  # the previous round is still running
+            contributor = closure.sync.contributor
+            if contributor == worker:
+                return closure
+            if fallback is None and not is_up(contributor):
+                fallback = closure
+        return fallback
 
-    def get(self) -> _Closure | None:
-        """The next closure to run (``None`` when closing); blocks until there is one."""
+    def get(self, worker: int = 0,
+            is_up: Callable[[int], bool] = lambda _: True) -> _Closure | None:
+        """The next closure for dispatcher ``worker`` (``None`` when closing); blocks until
+        there is one. ``is_up(i)``: whether worker ``i`` serves (synchronous pinning)."""
         with self._cond:
-            while not self._closing and self._eligible() is None:
-                self._cond.wait()
-            if self._closing:
+            while not self._closing:
+                closure = self._eligible(worker, is_up)
+                if closure is not None:
+                    break
+                # Woken by every change of the queue; the timeout re-checks is_up().
+                self._cond.wait(_POLL if self._synchronous else None)
+            else:
                 return None
+            self._items.remove(closure)
             self._inflight += 1
-            closure = self._items.popleft()
             closure.generation = self._generation
             return closure
 
@@ -277,7 +296,8 @@ class ClusterCoordinator:
         self._resource_lock = threading.Lock()
         workers = strategy._config.worker_tasks
         self._num_workers = len(workers)
-        self._workers = [_WorkerDispatcher(self, task, address) for task, address in workers]
+        self._workers = [_WorkerDispatcher(self, i, task, address)
+                         for i, (task, address) in enumerate(workers)]
         self._ps_monitor = self._watch_parameter_servers()
         self._watchdog = threading.Thread(target=self._watch_workers, name="coordinator-watch",
                                           daemon=True)
@@ -443,6 +463,9 @@ class ClusterCoordinator:
         else:
             self._queue.finished(closure, error)
 
+    def _is_up(self, index: int) -> bool:
+        return self._workers[index].up
+
     def _close(self) -> None:
         if self._closed.is_set():
             return
@@ -478,7 +501,9 @@ def _function_timeout() -> float:
 class _WorkerDispatcher:
     """Sends closures to one worker task, one at a time; notices its death and its return."""
 
-    def __init__(self, coordinator: ClusterCoordinator, task: str, address: str) -> None:
+    def __init__(self, coordinator: ClusterCoordinator, index: int, task: str,
+                 address: str) -> None:
+        self.index = index
         self.task = task
         self.address = address
         self.up = False
@@ -576,7 +601,7 @@ class _WorkerDispatcher:
         while not self._stopping.is_set():
             if not self.up and not self._connect():
                 continue
-            closure = queue.get()
+            closure = queue.get(self.index, self._coordinator._is_up)
             if closure is None:
                 return
             if self._is_lost():

@@ -203,7 +203,9 @@ class ParameterServerStrategy(Strategy):
         resolver = _resolver(cluster_resolver)
         spec = resolver.cluster_spec().as_dict()
         if not spec:
-            raise ValueError("Cluster spec must be non-empty in the ClusterResolver")
+            raise ValueError(
+                "Cluster spec must be non-empty in the ClusterResolver: set TF_CONFIG, or run "
+                "the program with `clusterctl launch cluster.yaml` and `mode: coordinator`")
         for job in ("ps", "worker"):
             if not spec.get(job):
                 raise ValueError(f"There must be at least one {job}. ParameterServerStrategy "

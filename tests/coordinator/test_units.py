@@ -113,10 +113,10 @@ def test_synchronous_rounds_wait_for_the_previous_round():
     closures = [_closure(i, workers=2) for i in range(4)]
     for c in closures:
         queue.put(c)
-    a, b = queue.get(), queue.get()
-    assert (a.sync.step, b.sync.step) == (0, 0)
+    a, b = queue.get(0), queue.get(1)
+    assert (a.sync, b.sync) == (SyncSlot(0, 0, 2), SyncSlot(0, 1, 2))
     got = []
-    taker = threading.Thread(target=lambda: got.append(queue.get()), daemon=True)
+    taker = threading.Thread(target=lambda: got.append(queue.get(0)), daemon=True)
     taker.start()
     taker.join(0.3)
     assert not got  # round 1 may not start while round 0 runs
@@ -124,10 +124,26 @@ def test_synchronous_rounds_wait_for_the_previous_round():
     taker.join(0.3)
     assert not got
     queue.requeue(b)  # b's worker died: b runs again, still in round 0
-    assert queue.get() is b
+    assert queue.get(1) is b
     queue.finished(b)
     taker.join(2)
     assert got and got[0].sync == SyncSlot(1, 0, 2)
+
+
+def test_synchronous_contributors_stay_on_their_worker_unless_it_is_down():
+    queue = _Queue(synchronous=True)
+    for i in range(2):
+        queue.put(_closure(i, workers=2))
+    up = {0: True, 1: True}
+    got = []
+    assert queue.get(0, up.get).sync.contributor == 0
+    taker = threading.Thread(target=lambda: got.append(queue.get(0, up.get)), daemon=True)
+    taker.start()
+    taker.join(0.5)
+    assert not got  # contributor 1 waits for worker 1 while it is up
+    up[1] = False
+    taker.join(2)
+    assert got and got[0].sync.contributor == 1  # worker 1 down: worker 0 runs it
 
 
 def test_an_error_cancels_the_queue_and_is_raised_once():
