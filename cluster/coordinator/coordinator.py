@@ -84,7 +84,6 @@ class _Closure:
     sync: SyncSlot | None
     body: bytes | None = None
     refs: tuple[int, ...] = ()
-    attempts: int = 0
     generation: int = 0
 
     @property
@@ -630,7 +629,6 @@ class _WorkerDispatcher:
             run_id=run_id, payload=payload, nonce=nonce,
             sync_step=sync.step if sync else 0, contributor=sync.contributor if sync else 0,
             num_contributors=sync.num_contributors if sync else 0)
-        closure.attempts += 1
         future = self._run.future(request, timeout=self._coordinator._timeout,
                                   metadata=self._token.metadata)
         done = threading.Event()

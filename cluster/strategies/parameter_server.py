@@ -71,7 +71,7 @@ class ParameterServerExtended(StrategyExtended):
         self._partitioner = partitioner
         self._is_coordinator = coordinator
         self._lock = threading.Lock()
-        self._handles: dict[str, PsVariable] = {}  # first stored name -> handle
+        self._handles: dict[tuple[str, ...], PsVariable] = {}  # stored names -> handle
         self._names: set[str] = set()
         self._count = 0  # variables and shards placed so far (TF's round-robin counter)
 
@@ -84,8 +84,7 @@ class ParameterServerExtended(StrategyExtended):
 
     def _handle(self, spec: VariableSpec) -> PsVariable:
         """The one handle of this process for the variable ``spec`` describes."""
-        key = spec.shards[0].name if len(spec.shards) == 1 else spec.name + "#" + \
-            spec.shards[0].name
+        key = tuple(shard.name for shard in spec.shards)  # a sharded whole != its part_0
         with self._lock:
             handle = self._handles.get(key)
             if handle is None:
