@@ -452,11 +452,8 @@ class ClusterCoordinator:
     def _function_failed(self, closure: _Closure, worker: _WorkerDispatcher,
                          error: BaseException) -> None:
         closure.value._fail(error)
-        fatal = isinstance(error, PsUnavailableError) or (
-            isinstance(error, PeerUnavailableError) and error.task.startswith("ps:"))
-        if fatal and not isinstance(error, PsUnavailableError):
-            error = PsUnavailableError(str(error), task=error.task, address=error.address)
-        if fatal:
+        # PsConnections types a lost parameter server as PsUnavailableError on every task.
+        if isinstance(error, PsUnavailableError):
             self._queue.finished(closure)
             self._queue.fail(error, fatal=True)
         else:

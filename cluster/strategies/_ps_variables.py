@@ -182,9 +182,7 @@ class PsVariable(Variable):
         scope = current_scope()
         if scope is not None and self._epoch == scope.epoch and self._value is not None:
             return self._value
-        refresh([self])
-        if scope is not None:
-            self._epoch = scope.epoch
+        refresh([self])  # marks the snapshot with the scope's epoch
         assert self._value is not None
         return self._value
 
