@@ -1,12 +1,14 @@
-"""All-reduce bus bandwidth: cluster-runtime's ring beside torch.distributed gloo, one run.
+"""All-reduce bus bandwidth: cluster-runtime's paths beside torch.distributed gloo, one run.
 
     uv run python bench/allreduce.py                       # N = 2, 3, 4; 4 KiB .. 256 MiB
-    uv run python bench/allreduce.py --nprocs 2 --sizes 4K,64M --iters 20
-    uv run python bench/allreduce.py --planes tcp,grpc     # both of our data planes
+    uv run python bench/allreduce.py --nprocs 2,4 --sizes 4K,64M --iters 20
+    uv run python bench/allreduce.py --paths shm,tcp,grpc  # every path we have
 
-Each N is one launch of N fresh processes on loopback per library and data plane (``tcp``: the
-raw TCP data plane, the default; ``grpc``: tensor bytes on gRPC streams), all with a cluster
-token, as in production. Every iteration starts after a barrier; its time is the slowest rank's;
+Each N is one launch of N fresh processes on loopback per library and path, all with a cluster
+token, as in production. Our paths: ``shm`` (the default: co-located processes reduce through
+shared memory), ``tcp`` (``CLUSTER_COLLECTIVE_PATH=network``: the ring on the raw TCP data
+plane) and ``grpc`` (the network path with tensor bytes on gRPC streams). Every iteration
+starts after a barrier; its time is the slowest rank's;
 the table shows the median over ``--iters`` iterations after ``--warmup``.
 busbw = algbw * 2(N-1)/N (nccl-tests' convention), with algbw = bytes / time. ``x gloo`` is
 gloo's time over ours, i.e. our speed relative to gloo's: above 1 we are faster.
@@ -67,9 +69,13 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
         implementation=CommunicationImplementation[impl.upper()],
     )
     used = set(transport.data_planes.values())
-    if used != {plane}:
-        raise RuntimeError(f"asked for the {plane} data plane, got {used}")
+    if used != {"tcp" if plane == "shm" else plane}:
+        raise RuntimeError(f"asked for the {plane} path, got the {used} data plane")
     group = CollectiveGroup(transport, name="bench", options=options)
+    group.barrier()
+    on_one_host = group.topology is not None and group.topology.single_host
+    if on_one_host != (plane == "shm"):
+        raise RuntimeError(f"asked for the {plane} path, got topology {group.topology}")
     times: dict[int, list[float]] = {}
     for size in sizes:
         x = np.ones(size // 4, dtype=np.float32)
@@ -88,8 +94,11 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
 
 def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
                plane: str) -> dict[int, float]:
+    env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
+           "CLUSTER_DATA_PLANE": "tcp" if plane == "shm" else plane,
+           "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network"}
     outcomes = run_group(_ours_rank, n, args=(sizes, iters, warmup, impl, plane), timeout=1800,
-                         env={"CLUSTER_TOKEN": os.urandom(16).hex(), "CLUSTER_DATA_PLANE": plane})
+                         env=env)
     failed = [o for o in outcomes if not o.ok]
     if failed:
         raise RuntimeError(f"ours ({plane}), N={n}: {failed[0].error_type}: "
@@ -168,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--impl", default="auto", choices=["auto", "ring"],
-                        help="our algorithm choice (CommunicationImplementation)")
-    parser.add_argument("--planes", default="tcp", help="our data planes: tcp, grpc or both")
+                        help="our algorithm choice on the network paths "
+                             "(CommunicationImplementation)")
+    parser.add_argument("--paths", default="shm,tcp", help="ours: shm, tcp, grpc (comma list)")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    planes = [p.strip() for p in args.planes.split(",")]
+    planes = [p.strip() for p in args.paths.split(",")]
     rows = []
     head = "| N | size | gloo ms | gloo busbw GB/s |"
     for p in planes:
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for n in (int(x) for x in args.nprocs.split(",")):
-        ours = {p: bench_ours(n, sizes, args.iters, args.warmup, args.impl, p) for p in planes}
+        ours = {p: bench_ours(n, sizes, args.iters, args.warmup,
+                              "auto" if p == "shm" else args.impl, p) for p in planes}
         gloo = None if args.no_gloo else bench_gloo(n, sizes, args.iters, args.warmup)
         for size in sizes:
             g = gloo[size] if gloo else None

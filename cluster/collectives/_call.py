@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cluster.collectives.options import CommunicationOptions
@@ -42,6 +42,7 @@ class CallCounter:
     def __init__(self, transport: Transport, group: str) -> None:
         self._transport = transport
         self._group = group
+        self.on_abort: list[Callable[[str], None]] = []  # more places to abort (shared memory)
         self._next = 0
         self._lock = threading.Lock()
 
@@ -75,10 +76,12 @@ class CallCounter:
         if t.world_size > 1 and not isinstance(
             error, CollectiveAbortedError | TransportClosedError
         ):
-            try:
-                t.abort(f"{activity} failed: {type(error).__name__}: {error}")
-            except Exception as abort_error:  # the collective's own error is the one to report
-                error.add_note(f"aborting the group also failed: {abort_error!r}")
+            reason = f"{activity} failed: {type(error).__name__}: {error}"
+            for abort in (*self.on_abort, t.abort):
+                try:
+                    abort(reason)
+                except Exception as abort_error:  # the collective's own error is the one to report
+                    error.add_note(f"aborting the group also failed: {abort_error!r}")
         if isinstance(error, PeerUnavailableError):
             return PeerUnavailableError(
                 f"{error} (during {activity})", task=error.task, address=error.address

@@ -7,9 +7,9 @@ number and one deadline; any failure inside it aborts the whole group, so no ran
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,23 +19,45 @@ from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._exchange import Exchange
-from cluster.collectives.ops import ReduceOp, check_reducible
+from cluster.collectives.arena import ArenaLayout
+from cluster.collectives.local import LocalCollectives
+from cluster.collectives.ops import ReduceOp, check_reducible, finalize
 from cluster.collectives.options import (
     Algorithm,
+    CollectivePath,
     CommunicationImplementation,
     CommunicationOptions,
     algorithm_from_env,
+    path_from_env,
 )
 from cluster.collectives.schedule import segments
+from cluster.collectives.topology import Topology, discover
 from cluster.transport.api import Transport
+from cluster.transport.deadline import Deadline
+from cluster.transport.subset import SubsetTransport
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SMALL_MESSAGE_BYTES", "CollectiveGroup"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_SHM_ROUND_BYTES",
+    "DEFAULT_SHM_WHOLE_BYTES",
+    "DEFAULT_SMALL_MESSAGE_BYTES",
+    "CollectiveGroup",
+]
 
 DEFAULT_SMALL_MESSAGE_BYTES = 64 * 1024
 """All-reduces below this many bytes use recursive doubling (latency), larger ones the ring."""
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Pipelining granularity of the ring and chain algorithms (4 MiB: fastest at 16-64 MiB here)."""
+
+DEFAULT_SHM_ROUND_BYTES = 4 << 20
+"""Bytes each co-located rank stages per round in shared memory (two buffers of it per rank)."""
+
+SETUP_SEQ = 2**63 - 1
+"""The sequence number of the group's set-up collective (outside the numbering of calls)."""
+
+DEFAULT_SHM_WHOLE_BYTES = 64 * 1024
+"""Shared-memory all-reduces up to this size let every rank reduce everything (one wait)."""
 
 
 class CollectiveGroup:
@@ -59,10 +81,19 @@ class CollectiveGroup:
       :class:`~cluster.errors.PeerUnavailableError` naming it. Any error (these, or a local one
       such as an unsupported dtype) aborts the group on every rank; the transport then stays
       failed and later calls raise at once.
-    - Algorithm: recursive doubling below ``small_message_bytes``, the pipelined ring above it;
-      ``implementation=RING`` (or ``NCCL``, which falls back to the ring between processes)
-      always uses the ring, and ``CLUSTER_COLLECTIVE_ALGORITHM`` (``ring``/``doubling``/``auto``),
-      read once here, overrides both.
+    - Path. Ranks that share a host (:mod:`~cluster.collectives.topology`, set up by the
+      group's first collective) talk through shared memory (:mod:`~cluster.collectives.local`).
+      A group on one host runs every collective there; across hosts, all-reduces are
+      hierarchical (reduce inside each host, the network ring across one leader per host,
+      broadcast inside) and the other collectives use the network. ``implementation=RING``
+      (group or call options), ``CLUSTER_COLLECTIVE_PATH=network`` or a forced
+      ``CLUSTER_COLLECTIVE_ALGORITHM`` put everything on the network.
+    - Network algorithm: recursive doubling below ``small_message_bytes``, the pipelined ring
+      above it; ``implementation=RING`` always uses the ring, and
+      ``CLUSTER_COLLECTIVE_ALGORITHM`` (``ring``/``doubling``/``auto``), read once here,
+      overrides both.
+    - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
+      ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms.
     """
 
     def __init__(
@@ -73,6 +104,10 @@ class CollectiveGroup:
         *,
         small_message_bytes: int = DEFAULT_SMALL_MESSAGE_BYTES,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        host_id: str = "",
+        shm_round_bytes: int = DEFAULT_SHM_ROUND_BYTES,
+        shm_whole_bytes: int = DEFAULT_SHM_WHOLE_BYTES,
+        _shared_memory: bool = True,
     ) -> None:
         if not isinstance(transport, Transport):
             raise TypeError(f"transport must be a cluster.transport.Transport, got {transport!r}")
@@ -83,6 +118,10 @@ class CollectiveGroup:
             raise TypeError(f"options must be a CommunicationOptions, got {options!r}")
         _check_int("small_message_bytes", small_message_bytes, minimum=0)
         _check_int("chunk_bytes", chunk_bytes, minimum=1)
+        _check_int("shm_round_bytes", shm_round_bytes, minimum=64)
+        _check_int("shm_whole_bytes", shm_whole_bytes, minimum=0)
+        if shm_round_bytes % 64:
+            raise ValueError(f"shm_round_bytes must be a multiple of 64, got {shm_round_bytes}")
         self._transport = transport
         self._name = name
         self._options = options
@@ -91,6 +130,14 @@ class CollectiveGroup:
         self._forced = algorithm_from_env()
         self._calls = CallCounter(transport, name)
         self._buffers = BufferPool()
+        self._host_id = host_id
+        self._round_bytes = shm_round_bytes
+        self._whole_bytes = shm_whole_bytes
+        self._shared_memory = _shared_memory and path_from_env() is CollectivePath.AUTO
+        self._set_up = not _shared_memory  # an internal group (the leaders): network only
+        self._topology: Topology | None = None
+        self._local: LocalCollectives | None = None
+        self._leaders: CollectiveGroup | None = None
 
     @property
     def name(self) -> str:
@@ -107,6 +154,12 @@ class CollectiveGroup:
     @property
     def options(self) -> CommunicationOptions:
         return self._options
+
+    @property
+    def topology(self) -> Topology | None:
+        """The group's hosts, once its first collective has set them up (``None`` when the
+        group never uses shared memory)."""
+        return self._topology
 
     # -- public collectives: validate, then _impl ------------------------------------------------
 
@@ -216,10 +269,15 @@ class CollectiveGroup:
     def barrier(self, *, options: CommunicationOptions | None = None) -> None:
         """Return once every rank has entered this barrier."""
         with self._collective("barrier", options) as call:
-            if self.world_size > 1:
-                ex = self._exchange(call, "barrier")
-                doubling.all_reduce(ex, np.empty(0, np.uint8), None)
-                ex.end()
+            if self.world_size == 1:
+                return
+            if self._route(call, "barrier") == "local":
+                assert self._local is not None
+                self._local.barrier(call.seq, "barrier shm", call.deadline)
+                return
+            ex = self._exchange(call, "barrier")
+            doubling.all_reduce(ex, np.empty(0, np.uint8), None)
+            ex.end()
 
     # -- implementations -------------------------------------------------------------------------
 
@@ -228,6 +286,15 @@ class CollectiveGroup:
     ) -> np.ndarray:
         if self.world_size == 1:
             return _working_copy(array, owned).reshape(array.shape)
+        route = self._route(call, "all_reduce")
+        if route != "network":
+            work, source = self._output_for(array, owned)
+            signature = f"all_reduce {op.value} {_spec(array)} {self._route_config(route)}"
+            if route == "hier":
+                self._hier_handshake(call, signature)
+            self._reduce_routed(call, route, signature, work if source is None else source,
+                                work, op)
+            return work.reshape(array.shape)
         algorithm = self._algorithm(array.nbytes, call.options)
         ex = self._exchange(call, f"all_reduce {op.value} {_spec(array)} {algorithm}")
         if algorithm == "doubling":
@@ -247,6 +314,9 @@ class CollectiveGroup:
         plan = _packing.plan_packs(
             [(a.dtype, a.nbytes) for a in arrays], call.options.bytes_per_pack
         )
+        route = self._route(call, "all_reduce") if self.world_size > 1 else "network"
+        if route != "network":
+            return self._all_reduce_many_routed(call, route, arrays, plan, op)
         ex = None
         if self.world_size > 1:
             signature = (
@@ -276,6 +346,15 @@ class CollectiveGroup:
         rows, rest = moved.shape[0], moved.shape[1:]
         row_elems = math.prod(rest)
         shape = ",".join("?" if d == axis else str(n) for d, n in enumerate(array.shape))
+        if self._route(call, "all_gather") == "local":
+            assert self._local is not None
+            flat = np.ascontiguousarray(moved).reshape(-1)
+            config = self._route_config("local")
+            signature = f"all_gather {array.dtype}[{shape}] axis={axis} {config}"
+            all_rows, out = self._local.all_gather(call.seq, signature, flat, call.deadline,
+                                                   rows=rows, row_items=row_elems)
+            gathered = out.reshape((sum(all_rows), *rest))
+            return gathered if axis == 0 else np.ascontiguousarray(np.moveaxis(gathered, 0, axis))
         ex = self._exchange(
             call, f"all_gather {array.dtype}[{shape}] axis={axis} ring/{self._chunk}"
         )
@@ -300,7 +379,11 @@ class CollectiveGroup:
             work = np.array(array, order="C", copy=True).reshape(-1)
         else:
             work = np.empty(array.size, dtype=array.dtype)
-        if self.world_size > 1:
+        if self.world_size > 1 and self._route(call, "broadcast") == "local":
+            assert self._local is not None
+            signature = f"broadcast root={root} {_spec(array)} {self._route_config('local')}"
+            self._local.broadcast(call.seq, signature, work, root, call.deadline)
+        elif self.world_size > 1:
             ex = self._exchange(call, f"broadcast root={root} {_spec(array)} chain/{self._chunk}")
             broadcast.chain_broadcast(ex, work, root, self._chunk)
             ex.end()
@@ -313,6 +396,12 @@ class CollectiveGroup:
         bounds = [(a * row_elems, b * row_elems) for a, b in rows]
         if self.world_size == 1:
             work = _working_copy(array, owned=False)
+        elif self._route(call, "reduce_scatter") == "local":
+            assert self._local is not None
+            work = np.empty(array.size, array.dtype)
+            signature = f"reduce_scatter {op.value} {_spec(array)} {self._route_config('local')}"
+            self._local.reduce_scatter(call.seq, signature, np.ascontiguousarray(array).reshape(-1),
+                                       work, bounds, op, self.world_size, call.deadline)
         else:
             algorithm = self._algorithm(array.nbytes, call.options)
             ex = self._exchange(call, f"reduce_scatter {op.value} {_spec(array)} {algorithm}")
@@ -326,6 +415,105 @@ class CollectiveGroup:
         lo, hi = bounds[self.rank]
         a, b = rows[self.rank]
         return work[lo:hi].reshape((b - a, *rest)).copy()
+
+    # -- shared memory and the hierarchy ---------------------------------------------------------
+
+    def _set_up_hosts(self, deadline: Deadline) -> None:
+        """Find the group's hosts and map their arenas: an exchange of its own (sequence number
+        :data:`SETUP_SEQ`) inside every rank's first collective, so at the same point
+        everywhere. Ranks configured differently (path, implementation) fail it with a mismatch.
+        """
+        self._set_up = True
+        if self.world_size == 1:
+            return
+        wanted = (self._shared_memory
+                  and self._options.implementation is not CommunicationImplementation.RING)
+        topology, arena = discover(
+            self._transport, group=self._name, seq=SETUP_SEQ, deadline=deadline,
+            layout_for=lambda n: ArenaLayout(n, self._round_bytes), host_id=self._host_id,
+            shared_memory=wanted,
+        )
+        self._topology = topology
+        if arena is not None:
+            self._local = LocalCollectives(arena, whole_bytes=self._whole_bytes)
+            self._calls.on_abort.append(arena.abort)
+        if not topology.single_host and topology.shares_memory and self.rank in topology.leaders:
+            self._leaders = CollectiveGroup(
+                SubsetTransport(self._transport, topology.leaders), f"{self._name}/hosts",
+                self._options, small_message_bytes=self._small, chunk_bytes=self._chunk,
+                _shared_memory=False,
+            )
+
+    def _route(self, call: Call, kind: str) -> str:
+        """``"local"`` (shared memory only), ``"hier"`` (hosts, then leaders on the network) or
+        ``"network"``; a function of the group's set-up and the call's options only."""
+        topology = self._topology
+        if (topology is None or self._forced is not Algorithm.AUTO
+                or call.options.implementation is CommunicationImplementation.RING):
+            return "network"
+        if topology.single_host:
+            return "local"
+        if kind == "all_reduce" and topology.shares_memory:
+            return "hier"
+        return "network"
+
+    def _route_config(self, route: str) -> str:
+        layout = f"{self._round_bytes}/{self._whole_bytes}"
+        if route == "local":
+            return f"shm/{layout}"
+        hosts = "|".join(",".join(map(str, h)) for h in self._topology.hosts)  # type: ignore[union-attr]
+        return f"hier/{layout}/{hosts}/{self._algorithm_config(self._options)}"
+
+    def _hier_handshake(self, call: Call, signature: str) -> None:
+        """The network handshake of the whole group (see ``_exchange``), done before anything
+        waits: ranks on different paths or with different arguments fail here, at once."""
+        self._exchange(call, signature).end()
+
+    def _reduce_routed(self, call: Call, route: str, signature: str, src: np.ndarray,
+                       work: np.ndarray, op: ReduceOp) -> None:
+        """All-reduce flat ``src`` into ``work`` (may be ``src``) on the ``local``/``hier`` path."""
+        if route == "local":
+            assert self._local is not None
+            self._local.all_reduce(call.seq, signature, src, work, op, self.world_size,
+                                   call.deadline)
+            return
+        # Hierarchical: SUM (or MAX/MIN) inside the host, across leaders, then MEAN's division
+        # once by the leader, whose bytes every local rank copies.
+        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        if self._local is not None:
+            self._local.all_reduce(call.seq, signature, src, work, inner, 1, call.deadline)
+        elif work is not src:
+            np.copyto(work, src)
+        if self._leaders is not None:
+            timeout = call.deadline.timeout()
+            options = CommunicationOptions(
+                call.options.bytes_per_pack,
+                None if timeout is None else max(timeout, 1e-3),
+                call.options.implementation,
+            )
+            with self._leaders._collective("all_reduce", options) as inner_call:
+                self._leaders._all_reduce_impl(inner_call, work, True, inner)
+            finalize(op, work, self.world_size)
+        if self._local is not None:
+            self._local.broadcast(call.seq, signature, work, 0, call.deadline)
+
+    def _all_reduce_many_routed(self, call: Call, route: str, arrays: list[np.ndarray],
+                                plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
+        signature = (
+            f"all_reduce_many {op.value} {_packing.describe(arrays)} "
+            f"pack={call.options.bytes_per_pack} {self._route_config(route)}"
+        )
+        if route == "hier":
+            self._hier_handshake(call, signature)
+        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        for indices in plan:
+            members = [arrays[i] for i in indices]
+            buffer, ranges = _packing.pack(members)
+            self._reduce_routed(call, route, signature, buffer, buffer, op)
+            views = _packing.unpack(buffer, ranges, [a.shape for a in members])
+            for i, view in zip(indices, views, strict=True):
+                results[i] = view
+        return results
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -360,13 +548,19 @@ class CollectiveGroup:
     def _algorithm_config(self, options: CommunicationOptions) -> str:
         return f"{self._forced.value}/{options.implementation.value}/{self._small}/{self._chunk}"
 
-    def _collective(
-        self, kind: str, options: CommunicationOptions | None
-    ) -> AbstractContextManager[Call]:
-        """Number the call and start its deadline; any error inside aborts the group."""
-        return self._calls.call(kind, self._options if options is None else options)
+    @contextlib.contextmanager
+    def _collective(self, kind: str, options: CommunicationOptions | None) -> Iterator[Call]:
+        """Number the call and start its deadline; any error inside aborts the group. The
+        group's first call sets up its hosts first (failures there are that call's)."""
+        with self._calls.call(kind, self._options if options is None else options) as call:
+            if not self._set_up:
+                self._set_up_hosts(call.deadline)
+            yield call
 
     def _exchange(self, call: Call, signature: str) -> Exchange:
+        if self._local is not None:
+            # Co-located peers on the shared-memory path compare this with their own signature.
+            self._local.arena.announce(call.seq, signature)
         return Exchange(
             self._transport,
             group=self._name,

@@ -1,6 +1,7 @@
 """Communication options, mirroring ``tf.distribute.experimental.CommunicationOptions``.
 
-The environment is read here and nowhere else in the package (:func:`algorithm_from_env`).
+The environment is read here and nowhere else in the package (:func:`algorithm_from_env`,
+:func:`path_from_env`).
 """
 
 from __future__ import annotations
@@ -13,20 +14,26 @@ from dataclasses import dataclass
 
 __all__ = [
     "ALGORITHM_ENV",
+    "PATH_ENV",
     "Algorithm",
+    "CollectivePath",
     "CommunicationImplementation",
     "CommunicationOptions",
     "algorithm_from_env",
+    "path_from_env",
 ]
 
 
 class CommunicationImplementation(enum.Enum):
     """Which implementation carries the collectives, like TensorFlow's enum of the same name.
 
-    - ``AUTO``: chosen by the runtime (recursive doubling for small messages, ring for large).
-    - ``RING``: the ring algorithms for every size.
-    - ``NCCL``: NVIDIA NCCL for GPU all-reduce inside a host; between processes, and on CPU, it
-      falls back to ``RING`` exactly as TensorFlow documents for its own ``NCCL`` value.
+    - ``AUTO``: chosen by the runtime: shared memory between the ranks of one host (reduce
+      inside each host, ring across one leader per host, broadcast inside), and on the network
+      recursive doubling for small messages, the ring for large ones.
+    - ``RING``: the network for everything (the gRPC/TCP ring, whatever the hosts), the ring
+      algorithms at every size. The switch that keeps the network path tested and measurable;
+      ``CLUSTER_COLLECTIVE_PATH=network`` does the same for a whole process.
+    - ``NCCL``: NVIDIA NCCL among GPUs inside a host; for host memory it is ``AUTO``.
     """
 
     AUTO = "AUTO"
@@ -128,3 +135,31 @@ def algorithm_from_env(environ: Mapping[str, str] | None = None) -> Algorithm:
     except ValueError:
         valid = ", ".join(a.value for a in Algorithm)
         raise ValueError(f"{ALGORITHM_ENV}={raw!r} is not one of: {valid}") from None
+
+
+class CollectivePath(enum.Enum):
+    """How co-located ranks talk: ``AUTO`` (shared memory inside a host) or ``NETWORK``."""
+
+    AUTO = "auto"
+    NETWORK = "network"
+
+
+PATH_ENV = "CLUSTER_COLLECTIVE_PATH"
+
+
+def path_from_env(environ: Mapping[str, str] | None = None) -> CollectivePath:
+    """The path forced by ``CLUSTER_COLLECTIVE_PATH`` (``auto``, the default, or ``network``).
+
+    ``network`` sends everything over the network data plane, as
+    ``CommunicationOptions(implementation=RING)`` does. Raises ``ValueError`` naming the variable
+    for other values.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(PATH_ENV, "").strip().lower()
+    if not raw:
+        return CollectivePath.AUTO
+    try:
+        return CollectivePath(raw)
+    except ValueError:
+        valid = ", ".join(p.value for p in CollectivePath)
+        raise ValueError(f"{PATH_ENV}={raw!r} is not one of: {valid}") from None

@@ -25,10 +25,15 @@ class RankFailed(AssertionError):
     """Raised by ``run_ranks`` when a rank raised (chained from the lowest failing rank's error)."""
 
 
+GROUP_DEFAULTS: dict[str, Any] = {}
+"""``CollectiveGroup`` arguments ``make_groups`` adds unless given (``conftest.py`` sets small
+shared-memory rounds, so that modest test sizes span many rounds and both algorithms)."""
+
+
 def make_groups(world_size: int, **kwargs: Any) -> tuple[InProcessHub, list[CollectiveGroup]]:
     """An in-process hub of ``world_size`` ranks and one ``CollectiveGroup`` per rank."""
     hub = InProcessHub(world_size)
-    return hub, [CollectiveGroup(t, **kwargs) for t in hub.transports]
+    return hub, [CollectiveGroup(t, **{**GROUP_DEFAULTS, **kwargs}) for t in hub.transports]
 
 
 def run_ranks(

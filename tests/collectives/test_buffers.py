@@ -7,7 +7,7 @@ import pytest
 
 from cluster.collectives._buffers import MIN_POOLED_BYTES, BufferPool
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.path_independent]
 
 N = MIN_POOLED_BYTES // 4  # float32 elements of the smallest pooled buffer
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
+from cluster.collectives.options import PATH_ENV
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
@@ -99,6 +100,7 @@ def test_mismatch_raises_on_every_rank(case: str) -> None:
             assert "CollectiveMismatchError" in str(o) and o.task.startswith("worker:")
 
 
+@pytest.mark.network_path
 def test_mismatch_message_names_both_tasks_and_signatures() -> None:
     hub, groups = make_groups(2, small_message_bytes=1 << 20)
     outcomes = run_ranks(
@@ -111,6 +113,7 @@ def test_mismatch_message_names_both_tasks_and_signatures() -> None:
     assert "worker:0 (rank 0)" in text and "worker:1 (rank 1)" in text
 
 
+@pytest.mark.network_path
 def test_options_that_change_the_algorithm_are_a_mismatch() -> None:
     hub = InProcessHub(2)
     groups = [
@@ -120,6 +123,46 @@ def test_options_that_change_the_algorithm_are_a_mismatch() -> None:
     outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(100)), 2, return_exceptions=True)
     assert any(isinstance(o, CollectiveMismatchError) for o in outcomes)
     assert all(isinstance(o, ClusterError) for o in outcomes)
+
+
+@pytest.mark.shm_path
+def test_shared_memory_mismatch_names_both_tasks_and_signatures() -> None:
+    hub, groups = make_groups(2)
+    outcomes = run_ranks(
+        lambda r: groups[r].all_reduce(np.ones((3, 4 + r), np.float32)), 2, return_exceptions=True
+    )
+    found = next(o for o in outcomes if isinstance(o, CollectiveMismatchError))
+    text = str(found)
+    assert "collective #0 of group 'default'" in text
+    assert "'all_reduce SUM float32[3,4] shm/" in text
+    assert "'all_reduce SUM float32[3,5] shm/" in text
+    assert "worker:0 (local rank 0)" in text and "worker:1 (local rank 1)" in text
+
+
+@pytest.mark.network_path
+def test_shared_memory_settings_that_differ_are_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PATH_ENV)
+    hub = InProcessHub(2)
+    groups = [
+        CollectiveGroup(hub.transports[0], shm_round_bytes=1024),
+        CollectiveGroup(hub.transports[1], shm_round_bytes=2048),
+    ]
+    outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(100)), 2, return_exceptions=True)
+    assert any(isinstance(o, CollectiveMismatchError) for o in outcomes), outcomes
+    assert all(isinstance(o, ClusterError) for o in outcomes)
+
+
+def test_ranks_on_different_paths_are_a_mismatch() -> None:
+    """One rank forces the network ring for a call the others run in shared memory (or, on the
+    network path, with recursive doubling): a mismatch, never a hang."""
+    hub, groups = make_groups(3)
+    ring = CommunicationOptions(implementation="RING", timeout_seconds=20)
+    outcomes = run_ranks(
+        lambda r: groups[r].all_reduce(np.ones(100), options=ring if r == 1 else None),
+        3, return_exceptions=True, transports=hub.transports,
+    )
+    assert any(isinstance(o, CollectiveMismatchError) for o in outcomes), outcomes
+    assert all(isinstance(o, ClusterError) for o in outcomes), outcomes
 
 
 def test_a_local_error_aborts_the_group_on_every_rank() -> None:

@@ -9,6 +9,8 @@ from cluster.collectives import SUPPORTED_DTYPES, CommunicationImplementation, C
 from cluster.collectives.ops import ReduceOp, check_reducible, finalize, reduce_into
 from cluster.collectives.options import ALGORITHM_ENV, Algorithm, algorithm_from_env
 
+pytestmark = pytest.mark.path_independent
+
 # -- CommunicationOptions ------------------------------------------------------------------------
 
 

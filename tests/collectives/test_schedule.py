@@ -17,6 +17,8 @@ from cluster.collectives.schedule import (
     segments,
 )
 
+pytestmark = pytest.mark.path_independent
+
 # -- segments ------------------------------------------------------------------------------------
 
 

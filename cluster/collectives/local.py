@@ -1,0 +1,218 @@
+"""Collectives among the co-located ranks of one host, through their shared-memory arena.
+
+Each algorithm moves data in rounds of at most ``round_bytes`` per rank (see
+:mod:`~cluster.collectives.arena` for rounds, progress and the buffer reuse rule); with two
+staging buffers per rank, a rank fills round ``t + 1`` while slower peers still read round ``t``.
+
+- :meth:`LocalCollectives.all_reduce` picks by size. Small (one round, at most
+  ``whole_bytes``): every rank copies its value in, one wait, and every rank reduces all values
+  itself (latency: one synchronisation). Large: a direct reduce-scatter (rank ``k`` reduces
+  part ``k`` of every round, reading each peer's copy straight from its buffer, in rank order,
+  into its own buffer) and a direct all-gather (every rank copies the other parts out). Each
+  rank copies in ``(L - 1)/L`` of the data and copies out as much: no ring, no per-chunk
+  messages, two synchronisations per round.
+- Both compute every element as ``((x_0 op x_1) op x_2) ...`` in rank order, once (large) or
+  identically on every rank (small), so every rank gets the same bytes from either.
+- :meth:`reduce_scatter`, :meth:`all_gather` (sizes may differ per rank), :meth:`broadcast` and
+  :meth:`barrier` follow the same pattern.
+
+Inputs are never written. ``out`` may be the input itself when the caller owns it: each round
+reads the input's parts before it writes the same parts of ``out``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cluster.collectives.arena import Arena, progress, rounds_for
+from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
+from cluster.collectives.schedule import Range, segments
+from cluster.transport.deadline import Deadline
+
+__all__ = ["LocalCollectives"]
+
+
+class LocalCollectives:
+    """The collectives of one rank over ``arena``; every local rank makes the same calls.
+
+    Each method takes the collective's ``seq`` and ``signature`` (for mismatch detection), and
+    its ``deadline``.
+    """
+
+    def __init__(self, arena: Arena, *, whole_bytes: int) -> None:
+        self.arena = arena
+        self.rank = arena.local_rank
+        self.size = arena.local_size
+        self.whole_bytes = whole_bytes
+        self._t = 0  # the next round of this arena (the same on every local rank)
+
+    def algorithm(self, nbytes: int) -> str:
+        """``"whole"`` or ``"direct"``: which all-reduce a message of ``nbytes`` uses."""
+        fits = nbytes <= min(self.whole_bytes, self.arena.layout.round_bytes)
+        return "whole" if fits else "direct"
+
+    # -- all-reduce ------------------------------------------------------------------------------
+
+    def all_reduce(self, seq: int, signature: str, src: np.ndarray, out: np.ndarray,
+                   op: ReduceOp, count: int, deadline: Deadline) -> None:
+        """``out = op(src over local ranks)`` (flat, contiguous); MEAN divides by ``count``."""
+        self.arena.announce(seq, signature)
+        if self.algorithm(src.nbytes) == "whole":
+            self._whole(src, out, op, count, deadline)
+        else:
+            self._direct(src, out, segments(src.size, self.size), op, count, deadline,
+                         gather=True)
+
+    def reduce_scatter(self, seq: int, signature: str, src: np.ndarray, out: np.ndarray,
+                       bounds: list[Range], op: ReduceOp, count: int,
+                       deadline: Deadline) -> None:
+        """Leave ``out[bounds[rank]]`` reduced over local ranks (the rest of ``out`` untouched)."""
+        self.arena.announce(seq, signature)
+        self._direct(src, out, bounds, op, count, deadline, gather=False)
+
+    def _whole(self, src: np.ndarray, out: np.ndarray, op: ReduceOp, count: int,
+               deadline: Deadline) -> None:
+        arena = self.arena
+        t = self._begin_round(deadline)
+        n = src.size
+        views = [arena.buffer(k, t)[: src.nbytes].view(src.dtype) for k in range(self.size)]
+        np.copyto(views[self.rank], src)
+        arena.post(progress(t, 1))
+        arena.wait_all(progress(t, 1), deadline)
+        if n:
+            _reduce_in_order(op, out, views)
+            finalize(op, out, count)
+
+    def _direct(self, src: np.ndarray, out: np.ndarray, bounds: list[Range], op: ReduceOp,
+                count: int, deadline: Deadline, *, gather: bool) -> None:
+        arena, me, size = self.arena, self.rank, self.size
+        itemsize = src.dtype.itemsize
+        per = max(1, arena.layout.round_bytes // size // itemsize)  # items per part and round
+        nrounds = max(rounds_for(b - a, per) for a, b in bounds)
+        for i in range(nrounds):
+            t = self._begin_round(deadline)
+            parts = [(min(a + i * per, b), min(a + (i + 1) * per, b)) for a, b in bounds]
+            mine = _parts_view(arena.buffer(me, t), src.dtype, per, size)
+            for k, (lo, hi) in enumerate(parts):
+                if k != me and hi > lo:
+                    np.copyto(mine[k][: hi - lo], src[lo:hi])
+            arena.post(progress(t, 1))
+            arena.wait_all(progress(t, 1), deadline)
+            lo, hi = parts[me]
+            if hi > lo:
+                n = hi - lo
+                operands = [src[lo:hi] if k == me else
+                            _parts_view(arena.buffer(k, t), src.dtype, per, size)[me][:n]
+                            for k in range(size)]
+                result = mine[me][:n]
+                _reduce_in_order(op, result, operands)
+                finalize(op, result, count)
+                np.copyto(out[lo:hi], result)
+            if gather:
+                arena.post(progress(t, 2))
+                arena.wait_all(progress(t, 2), deadline)
+                for k, (a, b) in enumerate(parts):
+                    if k != me and b > a:
+                        theirs = _parts_view(arena.buffer(k, t), src.dtype, per, size)[k]
+                        np.copyto(out[a:b], theirs[: b - a])
+
+    # -- other collectives -----------------------------------------------------------------------
+
+    def all_gather(self, seq: int, signature: str, src: np.ndarray, deadline: Deadline, *,
+                   rows: int, row_items: int) -> tuple[list[int], np.ndarray]:
+        """Every rank's flat ``src`` (``rows`` rows of ``row_items`` items) concatenated in rank
+        order: ``(rows of every rank, result)``. Ranks may differ in ``rows`` only."""
+        arena, me = self.arena, self.rank
+        arena.announce(seq, signature)
+        per = max(1, arena.layout.round_bytes // src.dtype.itemsize)
+        counts: list[int] | None = None
+        all_rows: list[int] = []
+        out = np.empty(0, src.dtype)
+        i = 0
+        while counts is None or i < max(rounds_for(c, per) for c in counts):
+            t = self._begin_round(deadline)
+            piece = src[i * per : (i + 1) * per]
+            np.copyto(arena.buffer(me, t)[: piece.nbytes].view(src.dtype), piece)
+            arena.set_aux(t, rows)
+            arena.post(progress(t, 1))
+            arena.wait_all(progress(t, 1), deadline)
+            if counts is None:  # the first round also tells every rank's size
+                all_rows = [rows if k == me else arena.aux(k, t) for k in range(self.size)]
+                counts = [r * row_items for r in all_rows]
+                out = np.empty(sum(counts), src.dtype)
+                start = sum(counts[:me])
+                np.copyto(out[start : start + src.size], src)
+            offset = 0
+            for k, c in enumerate(counts):
+                lo, hi = min(i * per, c), min((i + 1) * per, c)
+                if k != me and hi > lo:
+                    data = arena.buffer(k, t)[: (hi - lo) * src.dtype.itemsize]
+                    np.copyto(out[offset + lo : offset + hi], data.view(src.dtype))
+                offset += c
+            i += 1
+        return all_rows, out
+
+    def broadcast(self, seq: int, signature: str, work: np.ndarray, root: int,
+                  deadline: Deadline) -> None:
+        """Copy the root's flat ``work`` into ``work`` on every other local rank.
+
+        Readers report each round read; the root returns once every reader has read the last
+        round (so it has also compared every reader's signature with its own).
+        """
+        arena, me = self.arena, self.rank
+        arena.announce(seq, signature)
+        per = max(1, arena.layout.round_bytes // work.dtype.itemsize)
+        t = self._t
+        for i in range(rounds_for(work.size, per)):
+            t = self._begin_round(deadline, readers_only=root)
+            piece = work[i * per : (i + 1) * per]
+            staged = arena.buffer(root, t)[: piece.nbytes].view(work.dtype)
+            if me == root:
+                np.copyto(staged, piece)
+                arena.post(progress(t, 1))
+            else:
+                arena.wait(root, progress(t, 1), deadline)
+                np.copyto(piece, staged)
+                arena.post(progress(t + 1, 0))
+        if me == root:
+            arena.wait_all(progress(t + 1, 0), deadline)
+
+    def barrier(self, seq: int, signature: str, deadline: Deadline) -> None:
+        """Return once every local rank has entered this collective."""
+        self.arena.announce(seq, signature)
+        t = self._begin_round(deadline)
+        self.arena.post(progress(t, 1))
+        self.arena.wait_all(progress(t, 1), deadline)
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def _begin_round(self, deadline: Deadline, readers_only: int | None = None) -> int:
+        """Take the next round number; wait until this rank's buffer for it is free.
+
+        With ``readers_only=root``, only the root writes this round (a broadcast): the others
+        write nothing and need not wait.
+        """
+        t = self._t
+        self._t += 1
+        if readers_only is None or readers_only == self.rank:
+            free = progress(t - self.arena.layout.nbuf + 1, 0)
+            if free > 0:
+                self.arena.wait_all(free, deadline)
+        return t
+
+
+def _parts_view(buffer: np.ndarray, dtype: np.dtype, per: int, size: int) -> list[np.ndarray]:
+    """A rank's round buffer as ``size`` parts of ``per`` items each."""
+    typed = buffer[: per * size * dtype.itemsize].view(dtype)
+    return [typed[k * per : (k + 1) * per] for k in range(size)]
+
+
+def _reduce_in_order(op: ReduceOp, out: np.ndarray, operands: list[np.ndarray]) -> None:
+    """``out = ((operands[0] op operands[1]) op operands[2]) ...``; ``out`` may alias none of
+    ``operands[1:]``."""
+    if len(operands) == 1:
+        np.copyto(out, operands[0])
+        return
+    combine_into(op, out, operands[0], operands[1])
+    for other in operands[2:]:
+        reduce_into(op, out, other)

@@ -1,0 +1,245 @@
+"""The shared-memory path itself: hosts, the hierarchy, set-up fallbacks, cleanup, liveness.
+
+The collective suites run on this path already (see ``conftest.py``); these tests cover what only
+it has. Ranks are threads of this process; ``host_id`` splits them into logical hosts.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+import pytest
+
+from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
+from cluster.errors import PeerUnavailableError
+from cluster.transport import shm
+from cluster.transport.inproc import InProcessHub
+
+from ._threads import run_ranks
+from .test_all_reduce import rank_input
+
+pytestmark = [pytest.mark.shm_path, pytest.mark.timeout(60)]
+
+LAYOUTS = {  # host of each rank
+    "one host": [0, 0, 0, 0],
+    "two by two": [0, 0, 1, 1],
+    "interleaved": [0, 1, 0, 1],
+    "uneven": [0, 0, 0, 1],
+    "singles and a pair": [0, 1, 2, 2],
+}
+
+
+def _groups(hosts: list[int], **kwargs) -> tuple[InProcessHub, list[CollectiveGroup]]:
+    hub = InProcessHub(len(hosts))
+    kwargs = {"shm_round_bytes": 512, "shm_whole_bytes": 128, "chunk_bytes": 64, **kwargs}
+    groups = [CollectiveGroup(t, host_id=f"host{hosts[r]}", **kwargs)
+              for r, t in enumerate(hub.transports)]
+    return hub, groups
+
+
+def _our_segments() -> set[str]:
+    prefix = f"{shm.PREFIX}.{os.getuid()}."
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefix)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_ranks_sharing_a_host_id_form_one_host(layout: str) -> None:
+    hosts = LAYOUTS[layout]
+    hub, groups = _groups(hosts)
+    run_ranks(lambda r: groups[r].barrier(), len(hosts))
+    want = tuple(sorted(tuple(r for r, h in enumerate(hosts) if h == host) for host in set(hosts)))
+    for g in groups:
+        assert g.topology is not None and g.topology.hosts == want
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX", "MIN"])
+@pytest.mark.parametrize("size", [0, 5, 100, 3001])
+def test_hierarchical_all_reduce_equals_the_network_path(layout: str, op: str, size: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integers: exactly the network path's result. Floats: within rounding of NumPy, and
+    bitwise identical on every rank."""
+    hosts = LAYOUTS[layout]
+    world = len(hosts)
+    ints = [rank_input(7, r, "int64", (size,)) for r in range(world)]
+    floats = [rank_input(8, r, "float32", (size,)) for r in range(world)]
+    _, groups = _groups(hosts)
+    ours = run_ranks(lambda r: (groups[r].all_reduce(ints[r], op),
+                                groups[r].all_reduce(floats[r], op)), world)
+    monkeypatch.setenv("CLUSTER_COLLECTIVE_PATH", "network")
+    _, network = _groups(hosts)
+    theirs = run_ranks(lambda r: network[r].all_reduce(ints[r], op), world)
+    reference = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max, "MIN": np.min}[op]
+    want = reference(np.stack(floats).astype(np.float64), axis=0)
+    for (got_int, got_float), net_int in zip(ours, theirs, strict=True):
+        assert got_int.dtype == np.int64 and np.array_equal(got_int, net_int)
+        assert got_float.dtype == np.float32
+        assert got_float.tobytes() == ours[0][1].tobytes()
+        np.testing.assert_allclose(got_float, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("layout", ["two by two", "interleaved"])
+def test_other_collectives_across_hosts_use_the_network(layout: str) -> None:
+    hosts = LAYOUTS[layout]
+    _, groups = _groups(hosts)
+
+    def body(r: int):
+        g = groups[r]
+        return (g.all_gather(np.full((r + 1, 2), r), axis=0), g.broadcast(np.arange(9) * r, 3),
+                g.reduce_scatter(np.arange(8) + r), g.all_reduce_many([np.ones(3) * r, 2.0]))
+
+    results = run_ranks(body, len(hosts))
+    for r, (gathered, broadcast, scattered, many) in enumerate(results):
+        assert np.array_equal(gathered, np.concatenate([np.full((k + 1, 2), k) for k in range(4)]))
+        assert np.array_equal(broadcast, np.arange(9) * 3)
+        assert np.array_equal(scattered, (4 * np.arange(8) + 6)[2 * r : 2 * r + 2])
+        assert np.array_equal(many[0], np.full(3, 6.0)) and many[1] == 8.0
+
+
+def test_a_long_mixed_sequence_reuses_buffers_safely() -> None:
+    """Hundreds of collectives of every kind, sizes spanning many rounds, one rank slowed at
+    random: a rank that ran ahead must never overwrite a buffer a slow one still reads."""
+    world = 3
+    hub, groups = _groups([0] * world, shm_round_bytes=192, shm_whole_bytes=96)
+    rng = np.random.default_rng(0)
+    plan = [(rng.choice(["ar", "ag", "bc", "rs", "bar"]), int(rng.integers(0, 200)))
+            for _ in range(300)]
+
+    def body(r: int) -> list:
+        g, slow = groups[r], np.random.default_rng(r)
+        out = []
+        for kind, n in plan:
+            if slow.random() < 0.05:
+                time.sleep(0.002)
+            x = np.arange(n, dtype=np.int64) * (r + 1) + n
+            if kind == "ar":
+                out.append(g.all_reduce(x))
+            elif kind == "ag":
+                out.append(g.all_gather(x[: n - r] if n > r else x[:0], axis=0))
+            elif kind == "bc":
+                out.append(g.broadcast(x, n % world))
+            elif kind == "rs" and n:
+                out.append(g.reduce_scatter(x))
+            else:
+                g.barrier()
+        return out
+
+    results = run_ranks(body, world, timeout=50, transports=hub.transports)
+    i = 0
+    for kind, n in plan:
+        x = [np.arange(n, dtype=np.int64) * (r + 1) + n for r in range(world)]
+        if kind == "ar":
+            want = [sum(x)] * world
+        elif kind == "ag":
+            parts = [x[r][: n - r] if n > r else x[r][:0] for r in range(world)]
+            want = [np.concatenate(parts)] * world
+        elif kind == "bc":
+            want = [x[n % world]] * world
+        elif kind == "rs" and n:
+            want = np.array_split(sum(x), world)
+        else:
+            continue
+        for r in range(world):
+            assert np.array_equal(results[r][i], want[r]), (kind, n, r)
+        i += 1
+
+
+def test_no_segment_is_left_in_dev_shm_once_the_group_is_set_up() -> None:
+    before = _our_segments()
+    _, groups = _groups([0, 0, 1, 1])
+    run_ranks(lambda r: groups[r].all_reduce(np.ones(1000)), 4)
+    assert all(g._local is not None for g in groups)  # shared memory is mapped and in use
+    assert _our_segments() <= before
+
+
+def test_no_space_in_dev_shm_falls_back_to_the_network(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    def full(size: int) -> shm.Segment:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shm.Segment, "create", staticmethod(full))
+    _, groups = _groups([0, 0, 1, 1])
+    with caplog.at_level(logging.WARNING):
+        results = run_ranks(lambda r: groups[r].all_reduce(np.arange(10) * r), 4)
+    assert all(np.array_equal(x, np.arange(10) * 6) for x in results)
+    assert groups[0].topology is not None and groups[0].topology.hosts == ((0,), (1,), (2,), (3,))
+    assert "No space left on device" in caplog.text and "use the network" in caplog.text
+
+
+def test_a_rank_that_cannot_attach_puts_its_whole_host_on_the_network(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    attach = shm.Segment.attach
+
+    def picky(name: str, size: int) -> shm.Segment:
+        import threading
+
+        if threading.current_thread().name == "rank-3":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return attach(name, size)
+
+    monkeypatch.setattr(shm.Segment, "attach", staticmethod(picky))
+    before = _our_segments()
+    _, groups = _groups([0, 0, 1, 1])
+    results = run_ranks(lambda r: groups[r].all_reduce(np.full(700, r)), 4)
+    assert all(np.array_equal(x, np.full(700, 6)) for x in results)
+    assert groups[0].topology is not None and groups[0].topology.hosts == ((0, 1), (2,), (3,))
+    assert groups[2]._local is None and groups[3]._local is None
+    assert _our_segments() <= before  # host 1's leader unlinked its segment all the same
+
+
+def test_sweep_removes_segments_whose_creator_died_and_keeps_the_rest() -> None:
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join(30)
+    dead_pid = child.pid
+    pidns = shm._pid_namespace()
+    base = f"{shm.PREFIX}.{os.getuid()}.{pidns}"
+    dead = f"{base}.{dead_pid}.{'ab' * 8}"
+    alive = f"{base}.{os.getpid()}.{'cd' * 8}"
+    foreign_ns = f"{shm.PREFIX}.{os.getuid()}.{pidns + 1}.{dead_pid}.{'ef' * 8}"
+    paths = [os.path.join(shm.SHM_DIR, n) for n in (dead, alive, foreign_ns)]
+    for p in paths:
+        with open(p, "wb"):
+            pass
+    try:
+        removed = shm.sweep_stale()
+        assert dead in removed and not os.path.exists(paths[0])
+        assert os.path.exists(paths[1]) and os.path.exists(paths[2])
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def test_a_co_located_peer_whose_process_is_gone_is_reported_within_a_moment() -> None:
+    """The pid check: a peer that vanished without its connections noticing (they are
+    in-process here) is still found, naming the task."""
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join(30)
+    hub, groups = _groups([0, 0, 0])
+    run_ranks(lambda r: groups[r].barrier(), 3)
+    arena = groups[0]._local.arena  # type: ignore[union-attr]
+    arena._pids[2] = child.pid  # rank 2 "died": its pid no longer exists
+    start = time.monotonic()
+    outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(3)), [0], return_exceptions=True,
+                         transports=hub.transports)
+    assert isinstance(outcomes[0], PeerUnavailableError), outcomes
+    assert outcomes[0].task == "worker:2" and f"pid {child.pid}" in str(outcomes[0])
+    assert time.monotonic() - start < 2.0
+
+
+def test_implementation_ring_keeps_a_group_off_shared_memory() -> None:
+    hub = InProcessHub(2)
+    ring = CommunicationOptions(implementation="RING")
+    groups = [CollectiveGroup(t, options=ring) for t in hub.transports]
+    results = run_ranks(lambda r: groups[r].all_reduce(np.ones(4), ReduceOp.SUM), 2)
+    assert all(np.array_equal(x, np.full(4, 2.0)) for x in results)
+    assert all(g._local is None for g in groups)
