@@ -56,8 +56,9 @@ DEFAULT_SHM_ROUND_BYTES = 4 << 20
 SETUP_SEQ = 2**63 - 1
 """The sequence number of the group's set-up collective (outside the numbering of calls)."""
 
-DEFAULT_SHM_WHOLE_BYTES = 64 * 1024
-"""Shared-memory all-reduces up to this size let every rank reduce everything (one wait)."""
+DEFAULT_SHM_WHOLE_BYTES: int | None = None
+"""Shared-memory all-reduces up to this size let every rank reduce everything (one wait);
+``None``: chosen by the number of co-located ranks and cores (``local.auto_whole_bytes``)."""
 
 
 class CollectiveGroup:
@@ -106,7 +107,7 @@ class CollectiveGroup:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         host_id: str = "",
         shm_round_bytes: int = DEFAULT_SHM_ROUND_BYTES,
-        shm_whole_bytes: int = DEFAULT_SHM_WHOLE_BYTES,
+        shm_whole_bytes: int | None = DEFAULT_SHM_WHOLE_BYTES,
         _shared_memory: bool = True,
     ) -> None:
         if not isinstance(transport, Transport):
@@ -119,7 +120,8 @@ class CollectiveGroup:
         _check_int("small_message_bytes", small_message_bytes, minimum=0)
         _check_int("chunk_bytes", chunk_bytes, minimum=1)
         _check_int("shm_round_bytes", shm_round_bytes, minimum=64)
-        _check_int("shm_whole_bytes", shm_whole_bytes, minimum=0)
+        if shm_whole_bytes is not None:
+            _check_int("shm_whole_bytes", shm_whole_bytes, minimum=0)
         if shm_round_bytes % 64:
             raise ValueError(f"shm_round_bytes must be a multiple of 64, got {shm_round_bytes}")
         self._transport = transport
@@ -458,7 +460,8 @@ class CollectiveGroup:
         return "network"
 
     def _route_config(self, route: str) -> str:
-        layout = f"{self._round_bytes}/{self._whole_bytes}"
+        whole = "auto" if self._whole_bytes is None else self._whole_bytes
+        layout = f"{self._round_bytes}/{whole}"
         if route == "local":
             return f"shm/{layout}"
         hosts = "|".join(",".join(map(str, h)) for h in self._topology.hosts)  # type: ignore[union-attr]

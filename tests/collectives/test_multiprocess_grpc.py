@@ -118,26 +118,39 @@ def _all_reduce_until_victim_dies(transport, victim: int):
                 transport.recv(r, ack, deadline=Deadline.after(10))
         os.kill(os.getpid(), signal.SIGKILL)
     transport.send(victim, ack, b"", deadline=Deadline.after(10))
+    on_shm = group.topology is not None and group.topology.single_host
     start = time.monotonic()
     try:
         for _ in range(1000):
             group.all_reduce(np.ones(1 << 20, np.float32))
     except Exception as e:
-        return type(e).__name__, str(e), time.monotonic() - start
-    return "no error", "", time.monotonic() - start
+        return type(e).__name__, str(e), time.monotonic() - start, on_shm
+    return "no error", "", time.monotonic() - start, on_shm
+
+
+def _segments() -> set[str]:
+    from cluster.transport import shm
+
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}.{os.getuid()}.")}
 
 
 @pytest.mark.parametrize("plane", ["tcp", "grpc"])
-def test_kill_9_during_all_reduce_fails_every_survivor_naming_the_dead_task(plane: str) -> None:
+def test_kill_9_during_all_reduce_fails_every_survivor_naming_the_dead_task(
+        plane: str, collective_path: str) -> None:
+    """On the shared-memory path too (co-located processes), and kill -9 leaves nothing in
+    /dev/shm."""
+    before = _segments()
     outcomes = run_group(_all_reduce_until_victim_dies, 4, args=(2,), timeout=60,
                          env={"CLUSTER_DATA_PLANE": plane})
     assert outcomes[2].exitcode == -signal.SIGKILL
     for o in (outcomes[0], outcomes[1], outcomes[3]):
         assert o.ok, o.traceback
-        kind, message, elapsed = o.result
+        kind, message, elapsed, on_shm = o.result
+        assert on_shm == (collective_path == "shm")
         assert kind in ("PeerUnavailableError", "CollectiveAbortedError"), message
         assert "worker:2" in message
         assert elapsed < 10.0
+    assert _segments() <= before
 
 
 def _mismatched_shapes(transport):
