@@ -27,25 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from bench.allreduce import fmt_size, parse_size  # noqa: E402
 from cluster.collectives.nccl import NcclComm, all_reduce_devices, available  # noqa: E402
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 ALL_REDUCE_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 COPY_SIZES = "1M,4M,16M,64M,256M"
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in UNITS:
-        return int(float(text[:-1]) * UNITS[text[-1]])
-    return int(text)
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def median_seconds(fn: Callable[[], object], iters: int, warmup: int) -> float:

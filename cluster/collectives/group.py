@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from cluster._family import is_cupy
 from cluster.collectives import _packing, broadcast, doubling, ring
 from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.arena import ArenaLayout
+from cluster.collectives.device import HostNccl
 from cluster.collectives.local import LocalCollectives
 from cluster.collectives.ops import ReduceOp, check_reducible, finalize
 from cluster.collectives.options import (
@@ -140,6 +143,7 @@ class CollectiveGroup:
         self._topology: Topology | None = None
         self._local: LocalCollectives | None = None
         self._leaders: CollectiveGroup | None = None
+        self._nccl: HostNccl | None = None  # NCCL among the host's GPUs, once a CuPy value came
 
     @property
     def name(self) -> str:
@@ -178,6 +182,8 @@ class CollectiveGroup:
         """
         with self._collective("all_reduce", options) as call:
             op = ReduceOp.parse(op)
+            if is_cupy(value) and self._device_route(call) is not None:
+                return self._device_all_reduce(call, value, op)
             staged = stage(value, "all_reduce")
             check_reducible(staged.array.dtype, "all_reduce")
             return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
@@ -488,17 +494,56 @@ class CollectiveGroup:
         elif work is not src:
             np.copyto(work, src)
         if self._leaders is not None:
-            timeout = call.deadline.timeout()
-            options = CommunicationOptions(
-                call.options.bytes_per_pack,
-                None if timeout is None else max(timeout, 1e-3),
-                call.options.implementation,
-            )
-            with self._leaders._collective("all_reduce", options) as inner_call:
+            with self._leaders._collective("all_reduce", self._leader_options(call)) as inner_call:
                 self._leaders._all_reduce_impl(inner_call, work, True, inner)
             finalize(op, work, self.world_size)
         if self._local is not None:
             self._local.broadcast(call.seq, signature, work, 0, call.deadline)
+
+    def _device_route(self, call: Call) -> str | None:
+        """The route of a CuPy all-reduce that may use NCCL inside the host, else ``None``."""
+        route = self._route(call, "all_reduce")
+        return route if self._local is not None and route != "network" else None
+
+    def _device_all_reduce(self, call: Call, value: Any, op: ReduceOp) -> Any:
+        """A CuPy all-reduce: NCCL among the host's GPUs, host memory only at the host boundary
+        (the leader's copy that crosses the network). Without NCCL on every local rank, or
+        with two ranks on one GPU, the host path under the same signature."""
+        check_reducible(value.dtype, "all_reduce")
+        route = self._device_route(call)
+        assert route is not None and self._local is not None
+        signature = f"all_reduce {op.value} {_spec(value)} device/{self._route_config(route)}"
+        if route == "hier":
+            self._hier_handshake(call, signature)
+        if self._nccl is None:
+            self._nccl = HostNccl(self._local, timeout_seconds=call.options.deadline_seconds)
+        if not self._nccl.ready(call.seq, signature, value.device.id, call.deadline):
+            staged = stage(value, "all_reduce")
+            work, source = self._output_for(staged.array, staged.owned)
+            self._reduce_routed(call, route, signature, work if source is None else source,
+                                work, op)
+            return staged.restore(work.reshape(staged.array.shape))
+        if route == "local":
+            return self._nccl.all_reduce(value, op)
+        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        total = self._nccl.all_reduce(value, inner)
+        if self._leaders is not None:  # the host boundary: one copy out, one back in
+            host = total.get().reshape(-1)
+            with self._leaders._collective("all_reduce", self._leader_options(call)) as inner_call:
+                self._leaders._all_reduce_impl(inner_call, host, True, inner)
+            finalize(op, host, self.world_size)
+            with total.device:
+                total = sys.modules["cupy"].asarray(host.reshape(value.shape))
+        return self._nccl.broadcast(total, 0)
+
+    def _leader_options(self, call: Call) -> CommunicationOptions:
+        """The call's options for the leaders' part, with what is left of its deadline."""
+        timeout = call.deadline.timeout()
+        return CommunicationOptions(
+            call.options.bytes_per_pack,
+            None if timeout is None else max(timeout, 1e-3),
+            call.options.implementation,
+        )
 
     def _all_reduce_many_routed(self, call: Call, route: str, arrays: list[np.ndarray],
                                 plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "ALGORITHM_ENV",
@@ -126,15 +127,7 @@ def algorithm_from_env(environ: Mapping[str, str] | None = None) -> Algorithm:
 
     Unset or empty means ``AUTO``. Raises ``ValueError`` naming the variable for other values.
     """
-    env = os.environ if environ is None else environ
-    raw = env.get(ALGORITHM_ENV, "").strip().lower()
-    if not raw:
-        return Algorithm.AUTO
-    try:
-        return Algorithm(raw)
-    except ValueError:
-        valid = ", ".join(a.value for a in Algorithm)
-        raise ValueError(f"{ALGORITHM_ENV}={raw!r} is not one of: {valid}") from None
+    return _choice_from_env(ALGORITHM_ENV, Algorithm, Algorithm.AUTO, environ)
 
 
 class CollectivePath(enum.Enum):
@@ -154,12 +147,22 @@ def path_from_env(environ: Mapping[str, str] | None = None) -> CollectivePath:
     ``CommunicationOptions(implementation=RING)`` does. Raises ``ValueError`` naming the variable
     for other values.
     """
+    return _choice_from_env(PATH_ENV, CollectivePath, CollectivePath.AUTO, environ)
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _choice_from_env(name: str, choices: type[_E], default: _E,
+                     environ: Mapping[str, str] | None) -> _E:
+    """The member of ``choices`` named by variable ``name`` (any case); unset or empty gives
+    ``default``; anything else is a ``ValueError`` naming the variable and the choices."""
     env = os.environ if environ is None else environ
-    raw = env.get(PATH_ENV, "").strip().lower()
+    raw = env.get(name, "").strip().lower()
     if not raw:
-        return CollectivePath.AUTO
+        return default
     try:
-        return CollectivePath(raw)
+        return choices(raw)
     except ValueError:
-        valid = ", ".join(p.value for p in CollectivePath)
-        raise ValueError(f"{PATH_ENV}={raw!r} is not one of: {valid}") from None
+        valid = ", ".join(str(c.value) for c in choices)
+        raise ValueError(f"{name}={raw!r} is not one of: {valid}") from None
