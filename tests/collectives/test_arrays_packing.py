@@ -46,11 +46,13 @@ def test_other_values_are_a_type_error_naming_the_families(value: object) -> Non
 
 
 class _FakeCupyArray:
-    """Just enough of cupy.ndarray: a device id and host conversion through the module."""
+    """Just enough of cupy.ndarray: dtype, shape, a device id and host conversion through the
+    module (no ``cupy.cuda.nccl``: a CuPy without NCCL, so values are staged on the host)."""
 
     def __init__(self, host: np.ndarray, device: int) -> None:
         self.host = host
         self.device = types.SimpleNamespace(id=device)
+        self.dtype, self.shape = host.dtype, host.shape
 
 
 def _fake_cupy() -> types.ModuleType:
