@@ -10,11 +10,9 @@ results are checked end to end. Tests marked ``gpu`` run the real thing where Cu
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import subprocess
 import sys
-import threading
 import types
 from typing import Any
 
@@ -38,6 +36,13 @@ from cluster.collectives.nccl import (
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.errors import CollectiveAbortedError, CollectiveTimeoutError
 
+from ._fake_cupy import (
+    NCCL_CONSTANTS,
+    FakeArray,
+    FakeCuda,
+    assert_same_bits,
+    host,
+)
 from ._threads import run_ranks
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.path_independent]
@@ -45,294 +50,9 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.path_independent]
 NO_GPU = "no GPU: CuPy does not see a CUDA device"
 
 # The constants of cupy_backends/cuda/libs/nccl.pxd.
-NCCL_CONSTANTS = {
-    "NCCL_SUM": 0, "NCCL_PROD": 1, "NCCL_MAX": 2, "NCCL_MIN": 3, "NCCL_AVG": 4,
-    "NCCL_INT8": 0, "NCCL_CHAR": 0, "NCCL_UINT8": 1, "NCCL_INT32": 2, "NCCL_INT": 2,
-    "NCCL_UINT32": 3, "NCCL_INT64": 4, "NCCL_UINT64": 5, "NCCL_FLOAT16": 6, "NCCL_HALF": 6,
-    "NCCL_FLOAT32": 7, "NCCL_FLOAT": 7, "NCCL_FLOAT64": 8, "NCCL_DOUBLE": 8, "NCCL_BFLOAT16": 9,
-}
-NP_OF_NCCL = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64",
-              6: "float16", 7: "float32", 8: "float64"}
-UFUNC_OF_OP = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum}
-
-
-# -- a fake CuPy -----------------------------------------------------------------------------
-
-_LOCAL = threading.local()
-
-
-def _current_device() -> int:
-    stack = getattr(_LOCAL, "devices", None)
-    return stack[-1] if stack else 0
-
-
-class FakeDevice:
-    """``cupy.cuda.Device``: a context manager making ``id`` current in this thread."""
-
-    def __init__(self, device: int | None = None) -> None:
-        self.id = _current_device() if device is None else int(device)
-
-    def __enter__(self) -> FakeDevice:
-        if not hasattr(_LOCAL, "devices"):
-            _LOCAL.devices = []
-        _LOCAL.devices.append(self.id)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _LOCAL.devices.pop()
-
-
-class FakeArray(np.ndarray):
-    """A ``cupy.ndarray`` stand-in: host memory, ``.device`` and ``.data.ptr`` (its address)."""
-
-    _device_id = 0
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self._device_id = getattr(obj, "_device_id", _current_device())
-
-    @property
-    def device(self) -> FakeDevice:
-        return FakeDevice(self._device_id)
-
-    @property
-    def data(self) -> Any:  # shadows ndarray.data, as cupy.ndarray.data is a MemoryPointer
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-
-class FakeStream:
-    def __init__(self, ptr: int, device: int) -> None:
-        self.ptr, self.device, self.syncs = ptr, device, 0
-
-    def synchronize(self) -> None:
-        self.syncs += 1
-
-
-class _World:
-    """The ranks of one fake communicator: a collective runs once every rank has posted it."""
-
-    def __init__(self, fake: FakeCuda, size: int) -> None:
-        self.fake, self.size = fake, size
-        self.cond = threading.Condition()
-        self.posted: dict[int, dict[int, tuple]] = {}
-        self.next = [0] * size
-        self.done: dict[int, BaseException | None] = {}
-
-    def post(self, rank: int, kind: str, args: tuple, *, wait: bool) -> None:
-        with self.cond:
-            seq = self.next[rank]
-            self.next[rank] += 1
-            calls = self.posted.setdefault(seq, {})
-            calls[rank] = (kind, args)
-            if len(calls) == self.size:
-                try:
-                    self._execute(calls)
-                    self.done[seq] = None
-                except BaseException as e:
-                    self.done[seq] = e
-                self.cond.notify_all()
-            elif wait and not self.cond.wait_for(lambda: seq in self.done, timeout=10):
-                raise AssertionError(f"rank {rank}'s {kind} would hang: other ranks never "
-                                     "called it (calls from one thread need an NCCL group)")
-            if wait and self.done.get(seq) is not None:
-                raise self.done[seq]
-
-    def _execute(self, calls: dict[int, tuple]) -> None:
-        kinds = {kind for kind, _ in calls.values()}
-        params = {args[2:] for _, args in calls.values()}  # all but the two pointers
-        assert len(kinds) == 1 and len(params) == 1, f"ranks disagree: {calls}"
-        kind, (_, _, count, dtype, *rest) = calls[0]
-        buf = self.fake.buffer
-        sends = [buf(calls[r][1][0], count, dtype) for r in range(self.size)]
-        if kind == "allReduce":
-            result = sends[0].copy()
-            for other in sends[1:]:
-                UFUNC_OF_OP[rest[0]](result, other, out=result)
-        elif kind == "broadcast":
-            result = sends[rest[0]].copy()
-        else:
-            result = np.concatenate(sends)
-        for r in range(self.size):
-            buf(calls[r][1][1], result.size, dtype)[:] = result
-
-
-class FakeCuda:
-    """``cupy``, ``cupy.cuda`` and ``cupy.cuda.nccl`` modules over host memory."""
-
-    def __init__(self, gpus: int = 3, *, char_signed: bool = True) -> None:
-        self.gpus, self.char_signed = gpus, char_signed
-        self.hung = False  # events never complete
-        self.async_error: str | None = None
-        self.regions: list[tuple[int, int, np.ndarray]] = []
-        self.worlds: dict[bytes, _World] = {}
-        self.streams: dict[int, FakeStream] = {}
-        self.calls: list[tuple[str, int, int]] = []  # (kind, rank, device)
-        self.group = threading.local()
-        self.lock = threading.Lock()
-        self.nccl = self._nccl_module()
-        self.cuda = types.ModuleType("cupy.cuda")
-        self.cuda.Device = FakeDevice
-        self.cuda.get_current_stream = self.get_current_stream
-        self.cuda.Event = self._event_class()
-        self.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: self.gpus)
-        self.cuda.nccl = self.nccl
-        self.cupy = types.ModuleType("cupy")
-        self.cupy.ndarray = FakeArray
-        self.cupy.cuda = self.cuda
-        self.cupy.empty = self.empty
-        for name in ["add", "multiply", "floor_divide", "true_divide", "less", "not_equal",
-                     "logical_and"]:
-            setattr(self.cupy, name, getattr(np, name))
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
-        monkeypatch.setitem(sys.modules, "cupy", self.cupy)
-        monkeypatch.setitem(sys.modules, "cupy.cuda", self.cuda)
-        monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", self.nccl)
-        return self
-
-    # arrays and memory
-    def array(self, values: Any, device: int, dtype: Any = None, order: str = "C") -> FakeArray:
-        host = np.array(values, dtype=dtype, order=order)
-        with FakeDevice(device):
-            out = self.empty(host.shape, host.dtype, order)
-        out[...] = host
-        return out
-
-    def empty(self, shape: Any, dtype: Any = float, order: str = "C") -> FakeArray:
-        out = np.empty(shape, dtype, order).view(FakeArray)
-        out._device_id = _current_device()
-        self.regions.append((out.ctypes.data, out.nbytes, out))
-        return out
-
-    def buffer(self, ptr: int, count: int, dtype: int) -> np.ndarray:
-        assert isinstance(ptr, int) and isinstance(count, int), (ptr, count)
-        np_dtype = np.dtype(NP_OF_NCCL[dtype])
-        nbytes = count * np_dtype.itemsize
-        if not any(s <= ptr and ptr + nbytes <= s + n for s, n, _ in self.regions):
-            raise AssertionError(f"NCCL would touch {nbytes} bytes at {ptr:#x}, outside arrays")
-        raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
-        return np.ctypeslib.as_array(raw).view(np_dtype)
-
-    def get_current_stream(self) -> FakeStream:
-        key = (threading.get_ident(), _current_device())
-        with self.lock:
-            for stream in self.streams.values():
-                if (stream.thread, stream.device) == key:
-                    return stream
-            stream = FakeStream(0x1000 + len(self.streams), key[1])
-            stream.thread = key[0]
-            self.streams[stream.ptr] = stream
-            return stream
-
-    def _event_class(self) -> type:
-        fake = self
-
-        class Event:
-            def __init__(self, block: bool = False, disable_timing: bool = False,
-                         interprocess: bool = False) -> None:
-                self.stream = None
-
-            def record(self, stream: FakeStream | None = None) -> None:
-                self.stream = stream
-
-            @property
-            def done(self) -> bool:
-                return not fake.hung
-
-        return Event
-
-    def _nccl_module(self) -> types.ModuleType:
-        fake = self
-        nccl = types.ModuleType("cupy.cuda.nccl")
-        for name, value in NCCL_CONSTANTS.items():
-            setattr(nccl, name, value)
-        nccl.available = True
-        rng = np.random.default_rng(7)
-        nccl.get_unique_id = lambda: tuple(int(v) for v in rng.integers(-128, 128, 128))
-
-        def group_start() -> None:
-            fake.group.depth = getattr(fake.group, "depth", 0) + 1
-
-        def group_end() -> None:
-            fake.group.depth -= 1
-
-        nccl.groupStart, nccl.groupEnd = group_start, group_end
-
-        class NcclCommunicator:
-            def __init__(self, ndev: int, commId: tuple, rank: int) -> None:  # noqa: N803
-                if not isinstance(commId, tuple):  # a Cython ``tuple`` argument
-                    raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
-                assert len(commId) == 128
-                low, high = (-128, 127) if fake.char_signed else (0, 255)
-                if not all(low <= v <= high for v in commId):
-                    raise OverflowError("value too large to convert to char")
-                key = bytes(v & 0xFF for v in commId)
-                with fake.lock:
-                    world = fake.worlds.setdefault(key, _World(fake, ndev))
-                self._setup(world, rank, _current_device())
-
-            def _setup(self, world: _World, rank: int, device: int) -> None:
-                self.world, self.rank, self.device, self.state = world, rank, device, "open"
-
-            @staticmethod
-            def initAll(devices: Any) -> list:  # noqa: N802
-                if not isinstance(devices, list):
-                    raise ValueError('"devices" should be an int or a list of int.')
-                world = _World(fake, len(devices))
-                comms = []
-                for rank, device in enumerate(devices):
-                    comm = NcclCommunicator.__new__(NcclCommunicator)
-                    comm._setup(world, rank, device)
-                    comms.append(comm)
-                return comms
-
-            def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-                self._post("allReduce", stream, (sendbuf, recvbuf, count, datatype, op))
-
-            def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
-                self._post("broadcast", stream, (sendbuff, recvbuff, count, datatype, root))
-
-            def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802
-                self._post("allGather", stream, (sendbuf, recvbuf, count, datatype))
-
-            def _post(self, kind: str, stream: int, args: tuple) -> None:
-                assert self.state == "open", f"{kind} on a {self.state} communicator"
-                assert fake.streams[stream].device == self.device, "a stream of another GPU"
-                assert all(type(a) is int for a in args), f"{kind} takes ints: {args}"
-                fake.calls.append((kind, self.rank, self.device))
-                wait = getattr(fake.group, "depth", 0) == 0
-                self.world.post(self.rank, kind, args, wait=wait)
-
-            def destroy(self) -> None:
-                self.state = "destroyed"
-
-            def abort(self) -> None:
-                self.state = "aborted"
-
-            def check_async_error(self) -> None:
-                if fake.async_error:
-                    raise RuntimeError(fake.async_error)
-
-        nccl.NcclCommunicator = NcclCommunicator
-        return nccl
-
-
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     return FakeCuda().install(monkeypatch)
-
-
-def _host(array: Any) -> np.ndarray:
-    return np.asarray(array).view(np.ndarray)
-
-
-def _assert_same_bits(results: list[Any], want: np.ndarray) -> None:
-    for r in results:
-        got = _host(r)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert got.tobytes() == want.tobytes()
-
-
-# -- available() -----------------------------------------------------------------------------
 
 
 def test_available_is_false_without_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -498,16 +218,16 @@ def _inputs(fake: FakeCuda, n: int, dtype: str, shape=(4, 5)) -> list[FakeArray]
 def test_all_reduce_devices(fake: FakeCuda, dtype: str, op: str) -> None:
     comms = NcclComm.for_devices([0, 1, 2])
     arrays = _inputs(fake, 3, dtype)
-    before = [_host(a).copy() for a in arrays]
+    before = [host(a).copy() for a in arrays]
     results = all_reduce_devices(comms, arrays, op)
     want = before[0].copy()
     ufunc = {"SUM": np.add, "MEAN": np.add, "MAX": np.maximum, "MIN": np.minimum}[op]
     for other in before[1:]:
         ufunc(want, other, out=want)
     finalize(ReduceOp.parse(op), want, 3)
-    _assert_same_bits(results, want)
+    assert_same_bits(results, want)
     assert [r.device.id for r in results] == [0, 1, 2]
-    assert all(_host(a).tobytes() == b.tobytes() for a, b in zip(arrays, before, strict=True))
+    assert all(host(a).tobytes() == b.tobytes() for a, b in zip(arrays, before, strict=True))
     assert sorted(fake.calls) == [("allReduce", r, r) for r in range(3)]
     assert all(s.syncs == 1 for s in fake.streams.values()) and len(fake.streams) == 3
 
@@ -517,18 +237,18 @@ def test_broadcast_devices_moves_any_dtype(fake: FakeCuda) -> None:
     arrays = [fake.array([[True, False, True]], device=2),
               fake.array([[False, False, False]], device=0)]
     results = broadcast_devices(comms, arrays, root=0)
-    _assert_same_bits(results, np.array([[True, False, True]]))
+    assert_same_bits(results, np.array([[True, False, True]]))
     assert [r.device.id for r in results] == [2, 0]
     results = broadcast_devices(comms, arrays, root=1)
-    _assert_same_bits(results, np.zeros((1, 3), bool))
+    assert_same_bits(results, np.zeros((1, 3), bool))
 
 
 def test_all_gather_devices_concatenates_along_axis_0(fake: FakeCuda) -> None:
     comms = NcclComm.for_devices([0, 1, 2])
     arrays = _inputs(fake, 3, "float32", shape=(2, 3))
-    want = np.concatenate([_host(a) for a in arrays])
+    want = np.concatenate([host(a) for a in arrays])
     results = all_gather_devices(comms, arrays)
-    _assert_same_bits(results, want)
+    assert_same_bits(results, want)
     assert want.shape == (6, 3)
 
 
@@ -538,7 +258,7 @@ def test_fortran_order_arrays_reduce_and_keep_their_layout(fake: FakeCuda) -> No
     results = all_reduce_devices(comms, arrays, "SUM")
     for r in results:
         assert r.flags.f_contiguous
-        np.testing.assert_array_equal(_host(r), np.arange(6.0).reshape(2, 3) * 3)
+        np.testing.assert_array_equal(host(r), np.arange(6.0).reshape(2, 3) * 3)
 
 
 def test_empty_arrays_never_reach_nccl(fake: FakeCuda) -> None:
@@ -552,9 +272,9 @@ def test_empty_arrays_never_reach_nccl(fake: FakeCuda) -> None:
 def test_one_gpu_is_a_one_rank_communicator(fake: FakeCuda) -> None:
     (comm,) = NcclComm.for_devices([1])
     x = fake.array([-5, 0, 3], device=1, dtype="int32")
-    assert _host(comm.all_reduce(x, "MEAN")).tolist() == [-5, 0, 3]
-    assert _host(comm.broadcast(x, 0)).tolist() == [-5, 0, 3]
-    assert _host(comm.all_gather(x)).tolist() == [-5, 0, 3]
+    assert host(comm.all_reduce(x, "MEAN")).tolist() == [-5, 0, 3]
+    assert host(comm.broadcast(x, 0)).tolist() == [-5, 0, 3]
+    assert host(comm.all_gather(x)).tolist() == [-5, 0, 3]
 
 
 # -- one process per GPU (fake; threads stand in for processes) ------------------------------
@@ -574,12 +294,12 @@ def test_ranks_joined_by_unique_id(monkeypatch: pytest.MonkeyPatch, char_signed:
             gathered = comm.all_gather(fake.array([[r, r]], device=r, dtype="float32"))
             raw = comm._comm
         assert raw.state == "destroyed" and comm.closed
-        return _host(mean), _host(root), _host(gathered)
+        return host(mean), host(root), host(gathered)
 
     results = run_ranks(rank, 2)
-    _assert_same_bits([m for m, _, _ in results], np.array([-7, 1, 10], np.int32))
-    _assert_same_bits([b for _, b, _ in results], np.array([1, 1], np.int64))
-    _assert_same_bits([g for _, _, g in results], np.array([[0, 0], [1, 1]], np.float32))
+    assert_same_bits([m for m, _, _ in results], np.array([-7, 1, 10], np.int32))
+    assert_same_bits([b for _, b, _ in results], np.array([1, 1], np.int64))
+    assert_same_bits([g for _, _, g in results], np.array([[0, 0], [1, 1]], np.float32))
 
 
 def test_timeout_aborts_the_communicator(fake: FakeCuda) -> None:
@@ -715,10 +435,10 @@ def test_real_collectives_among_the_gpus_of_this_process() -> None:
         finalize(ReduceOp[op], want, n)
         results = all_reduce_devices(comms, arrays, op)
         assert [r.device.id for r in results] == list(range(n))
-        _assert_same_bits([cupy.asnumpy(r) for r in results], want)
-    _assert_same_bits([cupy.asnumpy(r) for r in broadcast_devices(comms, arrays, n - 1)],
+        assert_same_bits([cupy.asnumpy(r) for r in results], want)
+    assert_same_bits([cupy.asnumpy(r) for r in broadcast_devices(comms, arrays, n - 1)],
                       host[n - 1])
-    _assert_same_bits([cupy.asnumpy(r) for r in all_gather_devices(comms, arrays)],
+    assert_same_bits([cupy.asnumpy(r) for r in all_gather_devices(comms, arrays)],
                       np.concatenate(host))
     for c in comms:
         c.close()
