@@ -29,7 +29,6 @@ side before either can move on.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import zlib
@@ -278,7 +277,3 @@ def _ident(seq: int, signature: str) -> int:
     # fresh slot (all zeros) never looks like collective #0.
     return (((seq + 1) & 0x7FFFFFFF) << 32) | zlib.crc32(signature.encode())
 
-
-def rounds_for(count: int, per_round: int) -> int:
-    """Rounds needed to move ``count`` items ``per_round`` at a time (at least one)."""
-    return max(1, math.ceil(count / per_round))

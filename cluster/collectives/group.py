@@ -494,9 +494,7 @@ class CollectiveGroup:
         elif work is not src:
             np.copyto(work, src)
         if self._leaders is not None:
-            with self._leaders._collective("all_reduce", self._leader_options(call)) as inner_call:
-                self._leaders._all_reduce_impl(inner_call, work, True, inner)
-            finalize(op, work, self.world_size)
+            self._across_leaders(call, work, op)
         if self._local is not None:
             self._local.broadcast(call.seq, signature, work, 0, call.deadline)
 
@@ -529,21 +527,26 @@ class CollectiveGroup:
         total = self._nccl.all_reduce(value, inner)
         if self._leaders is not None:  # the host boundary: one copy out, one back in
             host = total.get().reshape(-1)
-            with self._leaders._collective("all_reduce", self._leader_options(call)) as inner_call:
-                self._leaders._all_reduce_impl(inner_call, host, True, inner)
-            finalize(op, host, self.world_size)
+            self._across_leaders(call, host, op)
             with total.device:
                 total = sys.modules["cupy"].asarray(host.reshape(value.shape))
         return self._nccl.broadcast(total, 0)
 
-    def _leader_options(self, call: Call) -> CommunicationOptions:
-        """The call's options for the leaders' part, with what is left of its deadline."""
+    def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
+        """On a leader: all-reduce its host's flat total ``work`` in place across the leaders
+        (the network ring, within what is left of the call's deadline), then apply MEAN's
+        division over the whole group once."""
+        assert self._leaders is not None
         timeout = call.deadline.timeout()
-        return CommunicationOptions(
+        options = CommunicationOptions(
             call.options.bytes_per_pack,
             None if timeout is None else max(timeout, 1e-3),
             call.options.implementation,
         )
+        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        with self._leaders._collective("all_reduce", options) as inner_call:
+            self._leaders._all_reduce_impl(inner_call, work, True, inner)
+        finalize(op, work, self.world_size)
 
     def _all_reduce_many_routed(self, call: Call, route: str, arrays: list[np.ndarray],
                                 plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:

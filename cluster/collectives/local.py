@@ -22,11 +22,12 @@ reads the input's parts before it writes the same parts of ``out``.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
 
-from cluster.collectives.arena import Arena, progress, rounds_for
+from cluster.collectives.arena import Arena, progress
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import Range, segments
 from cluster.transport.deadline import Deadline
@@ -231,3 +232,8 @@ def _reduce_in_order(op: ReduceOp, out: np.ndarray, operands: list[np.ndarray]) 
     combine_into(op, out, operands[0], operands[1])
     for other in operands[2:]:
         reduce_into(op, out, other)
+
+
+def rounds_for(count: int, per_round: int) -> int:
+    """Rounds needed to move ``count`` items ``per_round`` at a time (at least one)."""
+    return max(1, math.ceil(count / per_round))
