@@ -8,12 +8,11 @@ peers is not. :func:`resolve_placement` turns a resolver into a :class:`Placemen
 from __future__ import annotations
 
 import difflib
-import json
-import os
 from dataclasses import dataclass
 
 from cluster.errors import TaskConfigError
 from resolver import ClusterConfigError, ClusterResolver, ClusterSpec, TFConfigClusterResolver
+from resolver.tfconfig import sparse_cluster_only
 
 __all__ = ["JOB_NAMES", "Placement", "check_address", "collective_members", "resolve_placement"]
 
@@ -70,12 +69,7 @@ def collective_members(spec: ClusterSpec) -> list[tuple[str, str]]:
 def _sparse_cluster_hint(resolver: ClusterResolver) -> str:
     if not isinstance(resolver, TFConfigClusterResolver):
         return ""
-    raw = os.environ.get("TF_CONFIG")
-    try:
-        doc = json.loads(raw) if raw else {}
-    except ValueError:
-        return ""
-    if isinstance(doc, dict) and "sparseCluster" in doc and "cluster" not in doc:
+    if sparse_cluster_only():
         return (
             'TF_CONFIG has "sparseCluster" (Kubeflow\'s dynamic-worker format) and no "cluster":'
             " cluster-runtime needs the full cluster; turn off enableDynamicWorker in the TFJob so"

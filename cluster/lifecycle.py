@@ -19,21 +19,22 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from cluster import exitcodes
+from cluster.errors import AddressInUseError, ClusterError
+from cluster.settings import ENV_ERROR_FILE, TaskSettings
 
 __all__ = [
-    "ENV_ERROR_FILE",
-    "ENV_LAUNCHER_PID",
     "ErrorRecord",
     "Terminated",
     "install_termination_handlers",
     "read_error_file",
     "setup_logging",
+    "start_runtime",
     "watch_launcher",
     "write_error_file",
 ]
-
-ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
-ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +74,15 @@ def setup_logging() -> None:
                             format="%(levelname)s %(name)s: %(message)s")
 
 
-def watch_launcher(environ: Mapping[str, str] | None = None) -> None:
-    """If ``CLUSTER_LAUNCHER_PID`` is set, SIGTERM this process when that launcher exits.
+def watch_launcher(pid: int | None) -> None:
+    """If ``pid`` (``settings.launcher_pid``, ``CLUSTER_LAUNCHER_PID``) is given, SIGTERM this
+    process when that launcher exits.
 
     Waits on a pidfd in a daemon thread (Linux); elsewhere, or if the launcher is already gone
     when called, it acts at once or not at all as the platform allows.
     """
-    env = os.environ if environ is None else environ
-    text = env.get(ENV_LAUNCHER_PID, "")
-    if not text.isdigit() or not hasattr(os, "pidfd_open"):
+    if pid is None or not hasattr(os, "pidfd_open"):
         return
-    pid = int(text)
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -120,10 +119,9 @@ class ErrorRecord:
         return text if len(text) <= 500 else text[:497] + "..."
 
 
-def write_error_file(record: ErrorRecord, environ: Mapping[str, str] | None = None) -> None:
-    """Write ``record`` as JSON to ``CLUSTER_ERROR_FILE`` (if set); never raises."""
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_ERROR_FILE)
+def write_error_file(record: ErrorRecord, path: str | None) -> None:
+    """Write ``record`` as JSON to ``path`` (``settings.error_file``, ``CLUSTER_ERROR_FILE``) if
+    given; never raises."""
     if not path:
         return
     data = {**record.__dict__, "time": record.time or time.time()}
@@ -136,13 +134,40 @@ def write_error_file(record: ErrorRecord, environ: Mapping[str, str] | None = No
         log.warning("cannot write error file %s: %s", path, e)
 
 
-def report_startup_failure(program: str, exc: BaseException, code: int) -> int:
-    """A task could not start: say why on stderr, leave the reason for the launcher, return
-    ``code`` (the process's exit code)."""
+def report_startup_failure(program: str, exc: BaseException, code: int,
+                           error_file: str | None) -> int:
+    """A task could not start: say why on stderr, leave the reason for the launcher in
+    ``error_file``, return ``code`` (the process's exit code)."""
     print(f"{program}: error: {exc}", file=sys.stderr, flush=True)
     write_error_file(ErrorRecord(task=getattr(exc, "task", ""), error_type=type(exc).__name__,
-                                 message=str(exc), exit_code=code))
+                                 message=str(exc), exit_code=code), error_file)
     return code
+
+
+def start_runtime(program: str, environ: Mapping[str, str], services: Any = None) -> Any:
+    """Read the task's settings from ``environ`` and start its runtime (``cluster.runtime``);
+    the process entry points' shared start-up.
+
+    Returns the :class:`~cluster.runtime.TaskRuntime`, or an ``int`` exit code when the task
+    cannot start: the reason is then on stderr and in the error file (bad settings, cluster or
+    token: ``EXIT_USAGE``; address taken: ``EXIT_ADDRESS_IN_USE``; a signal: 128 + signum).
+    """
+    from cluster import runtime  # the runtime imports grpc: not needed to report bad settings
+
+    try:
+        settings = TaskSettings.from_env(environ)
+    except ClusterError as e:
+        return report_startup_failure(program, e, exitcodes.EXIT_USAGE,
+                                      environ.get(ENV_ERROR_FILE) or None)
+    try:
+        return runtime.start(services=services, settings=settings)
+    except AddressInUseError as e:
+        return report_startup_failure(program, e, exitcodes.EXIT_ADDRESS_IN_USE,
+                                      settings.error_file)
+    except (ClusterError, ValueError) as e:
+        return report_startup_failure(program, e, exitcodes.EXIT_USAGE, settings.error_file)
+    except Terminated as e:
+        return e.exit_code
 
 
 def read_error_file(path: str | os.PathLike) -> ErrorRecord | None:

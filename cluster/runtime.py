@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import grpc
 
 from cluster._placement import Placement, collective_members, resolve_placement
+from cluster.deadline import Deadline
 from cluster.errors import (
     AddressInUseError,
     CollectiveAbortedError,
@@ -36,75 +35,18 @@ from cluster.errors import (
     TransportClosedError,
     UnauthenticatedError,
 )
+from cluster.settings import TaskSettings
 from cluster.transport._pb import control_pb2
 from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token, resolve_token
-from cluster.transport.deadline import Deadline
 from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
 from cluster.transport.health import SERVICE as CONTROL_SERVICE
 from cluster.transport.server import CHANNEL_OPTIONS, TaskServer
 from resolver import ClusterResolver, TFConfigClusterResolver
 
-__all__ = [
-    "ENV_CONNECT_TIMEOUT",
-    "ENV_HEARTBEAT_INTERVAL",
-    "ENV_HEARTBEAT_TIMEOUT",
-    "RuntimeSettings",
-    "TaskRuntime",
-    "current",
-    "start",
-]
+__all__ = ["TaskRuntime", "current", "start"]
 
 log = logging.getLogger(__name__)
-
-ENV_CONNECT_TIMEOUT = "CLUSTER_CONNECT_TIMEOUT"
-ENV_HEARTBEAT_INTERVAL = "CLUSTER_HEARTBEAT_INTERVAL"
-ENV_HEARTBEAT_TIMEOUT = "CLUSTER_HEARTBEAT_TIMEOUT"
-_ENV_FIELDS = (
-    ("connect_timeout", ENV_CONNECT_TIMEOUT),
-    ("heartbeat_interval", ENV_HEARTBEAT_INTERVAL),
-    ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT),
-)
-
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """Timeouts of a task, in seconds; ``from_env()`` reads the ``CLUSTER_*`` overrides.
-
-    ``connect_timeout`` bounds waiting for peers (health checks, the collective handshake);
-    peers are lost after ``heartbeat_timeout`` s without a heartbeat (sent every
-    ``heartbeat_interval`` s); failure reports to peers take at most ``report_timeout``.
-    """
-
-    connect_timeout: float = 60.0
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    report_timeout: float = 2.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
-                     "report_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
-        """Defaults overridden by ``CLUSTER_CONNECT_TIMEOUT`` etc.; bad values raise
-        :class:`TaskConfigError` naming the variable."""
-        env = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for name, var in _ENV_FIELDS:
-            text = env.get(var)
-            if not text:
-                continue
-            try:
-                value = float(text)
-            except ValueError:
-                value = float("nan")
-            if not value > 0:
-                raise TaskConfigError(f"{var}: expected a number of seconds > 0, got {text!r}")
-            values[name] = value
-        return cls(**values)
 
 
 class TaskRuntime:
@@ -112,7 +54,8 @@ class TaskRuntime:
 
     Build with :func:`start` (the process-wide runtime) or :meth:`create`. Attributes:
     ``task_type``, ``task_id``, ``task`` (``"worker:1"``), ``address``, ``cluster_spec``,
-    ``resolver``, ``token``, ``settings``.
+    ``resolver``, ``token``, ``settings`` (:class:`~cluster.settings.TaskSettings`: what the
+    layers below get, instead of reading the environment).
 
     ``services``: more gRPC services of this task (``{service name: {method: handler}}``),
     served from the start, behind the same token check (``python -m ps`` adds the variable
@@ -123,7 +66,7 @@ class TaskRuntime:
     """
 
     def __init__(self, placement: Placement, resolver: ClusterResolver, token: Token,
-                 settings: RuntimeSettings | None = None,
+                 settings: TaskSettings | None = None,
                  services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None
                  ) -> None:
         self.placement = placement
@@ -134,7 +77,7 @@ class TaskRuntime:
         self.cluster_spec = placement.cluster_spec
         self.resolver = resolver
         self.token = token
-        self.settings = settings or RuntimeSettings()
+        self.settings = settings or TaskSettings()
         try:
             self._server = TaskServer(placement.address, token)
         except OSError as e:
@@ -163,15 +106,15 @@ class TaskRuntime:
 
     @classmethod
     def create(cls, resolver: ClusterResolver | None = None,
-               settings: RuntimeSettings | None = None,
-               environ: Mapping[str, str] | None = None) -> TaskRuntime:
-        """Validate ``resolver`` strictly, resolve the token, start serving (not registered as
-        :func:`current`). Raises :class:`TaskConfigError`, ``InsecureClusterError``,
-        :class:`AddressInUseError`."""
+               settings: TaskSettings | None = None) -> TaskRuntime:
+        """Validate ``resolver`` strictly, resolve the token from ``settings`` (default: no
+        ``CLUSTER_*`` variable set), start serving (not registered as :func:`current`). Raises
+        :class:`TaskConfigError`, ``InsecureClusterError``, :class:`AddressInUseError`."""
         resolver = resolver if resolver is not None else TFConfigClusterResolver()
+        settings = settings or TaskSettings()
         placement = resolve_placement(resolver)
-        token = resolve_token([a for _, a in placement.tasks()], environ)
-        return cls(placement, resolver, token, settings or RuntimeSettings.from_env(environ))
+        token = resolve_token([a for _, a in placement.tasks()], settings)
+        return cls(placement, resolver, token, settings)
 
     # -- peers ------------------------------------------------------------------------------
 
@@ -276,7 +219,8 @@ class TaskRuntime:
                     f"{', '.join(names)})")
             peers = [PeerInfo(r, t, a) for r, (t, a) in enumerate(members)]
             transport = GrpcTransport(self._endpoint, names.index(self.task), peers, self.token,
-                                      heartbeat_timeout=self.settings.heartbeat_timeout)
+                                      heartbeat_timeout=self.settings.heartbeat_timeout,
+                                      data_plane=self.settings.data_plane)
             transport.connect(deadline or Deadline.after(self.settings.connect_timeout))
             self._transport = transport
         failure = self._peer_failure
@@ -423,12 +367,14 @@ def current() -> TaskRuntime | None:
 
 def start(resolver: ClusterResolver | None = None, *,
           connect_timeout: float | None = None,
-          services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None
-          ) -> TaskRuntime:
+          services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None,
+          settings: TaskSettings | None = None) -> TaskRuntime:
     """Start this process's task runtime, or return it if it already runs the same task.
 
-    ``resolver`` defaults to ``TFConfigClusterResolver()``; ``connect_timeout`` overrides
-    ``CLUSTER_CONNECT_TIMEOUT`` (default 60 s) for peers and the collective handshake;
+    ``resolver`` defaults to ``TFConfigClusterResolver()``; ``settings`` to
+    ``TaskSettings.from_env()`` (the one place the ``CLUSTER_*`` variables are read);
+    ``connect_timeout`` overrides its ``connect_timeout`` (``CLUSTER_CONNECT_TIMEOUT``, default
+    60 s) for peers and the collective handshake;
     ``services`` as for :class:`TaskRuntime` (ignored when the runtime already runs).
 
     Raises:
@@ -447,12 +393,11 @@ def start(resolver: ClusterResolver | None = None, *,
             raise TaskConfigError(
                 f"this process already runs {_current.task} at {_current.address}; it cannot "
                 f"also be {placement.task} at {placement.address}")
-        settings = RuntimeSettings.from_env()
+        settings = settings or TaskSettings.from_env()
         if connect_timeout is not None:
-            settings = RuntimeSettings(connect_timeout, settings.heartbeat_interval,
-                                       settings.heartbeat_timeout, settings.report_timeout)
+            settings = settings.replace(connect_timeout=connect_timeout)
         placement = resolve_placement(resolver)
-        token = resolve_token([a for _, a in placement.tasks()])
+        token = resolve_token([a for _, a in placement.tasks()], settings)
         _current = TaskRuntime(placement, resolver, token, settings, services)
         if not _atexit_registered:
             # Interpreter exit first joins non-daemon threads, including gRPC's handler pool

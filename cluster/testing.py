@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from cluster.transport.deadline import Deadline
+from cluster.deadline import Deadline
 
 __all__ = ["GroupTimeoutError", "RankOutcome", "run_group"]
 
@@ -46,15 +46,17 @@ class GroupTimeoutError(TimeoutError):
 
 def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
            options: dict[str, Any]) -> None:
-    os.environ.update(env)
+    os.environ.update(env)  # a process entry point: fn may read the environment too
     import time
 
+    from cluster.settings import TaskSettings
     from cluster.transport.api import PeerInfo
     from cluster.transport.auth import Token
     from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
     from cluster.transport.server import TaskServer
 
-    token = Token(os.environ.get("CLUSTER_TOKEN") or None)
+    settings = TaskSettings.from_env()
+    token = Token(settings.token)
     task = f"worker:{rank}"
     server = TaskServer("127.0.0.1:0", token)
     endpoint = CollectiveEndpoint.install(server, task, heartbeat_interval=options["hb_interval"])
@@ -63,7 +65,8 @@ def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
     ports = conn.recv()
     peers = [PeerInfo(r, f"worker:{r}", f"127.0.0.1:{p}") for r, p in enumerate(ports)]
     transport = GrpcTransport(endpoint, rank, peers, token,
-                              heartbeat_timeout=options["hb_timeout"])
+                              heartbeat_timeout=options["hb_timeout"],
+                              data_plane=settings.data_plane)
     start = time.monotonic()
     try:
         transport.connect(Deadline.after(options["connect_timeout"]))

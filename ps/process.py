@@ -10,11 +10,11 @@ prints ``ps:N: serving the variable store on HOST:PORT`` to stderr once it does.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
-from cluster import exitcodes, lifecycle, runtime
-from cluster.errors import AddressInUseError, ClusterError
+from cluster import exitcodes, lifecycle
 from cluster.ps.store import VariableStore
 from cluster.transport import _malloc
 from cluster.transport.ps_client import SERVICE
@@ -37,9 +37,6 @@ def _fail(message: str) -> None:
     print(f"ps: error: {message}", file=sys.stderr, flush=True)
 
 
-def _startup_failed(exc: BaseException, code: int) -> int:
-    return lifecycle.report_startup_failure("ps", exc, code)
-
 
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run(sys.argv[1:] if argv is None else argv))
@@ -58,14 +55,9 @@ def run(argv: list[str]) -> int:
     _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
     store = VariableStore()
     service = PsService(store)
-    try:
-        rt = runtime.start(services={SERVICE: service.handlers()})
-    except AddressInUseError as e:
-        return _startup_failed(e, exitcodes.EXIT_ADDRESS_IN_USE)
-    except (ClusterError, ValueError) as e:
-        return _startup_failed(e, exitcodes.EXIT_USAGE)
-    except lifecycle.Terminated as e:
-        return e.exit_code
+    rt = lifecycle.start_runtime("ps", os.environ, services={SERVICE: service.handlers()})
+    if isinstance(rt, int):
+        return rt
     try:
         if rt.task_type != "ps":
             _fail(f"TF_CONFIG makes this task {rt.task}: run it with `python -m worker SCRIPT`, "
@@ -74,7 +66,7 @@ def run(argv: list[str]) -> int:
         store.task = service.task = rt.task  # names the task in store errors
         print(f"{rt.task}: serving the variable store on {rt.address}", file=sys.stderr,
               flush=True)
-        lifecycle.watch_launcher()
+        lifecycle.watch_launcher(rt.settings.launcher_pid)
         rt.wait_for_shutdown()
         print(f"{rt.task}: shutting down ({rt.shutdown_reason})", file=sys.stderr, flush=True)
     except lifecycle.Terminated as e:

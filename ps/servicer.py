@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import grpc
 
+from cluster.deadline import Deadline
 from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_wire import ERROR_KEY, fill_chunk, from_chunk
-from cluster.transport.deadline import Deadline
 from cluster.transport.ps_client import SERVICE, optimizer_from_proto, status_of
 from cluster.transport.server import TaskServer
 

@@ -33,6 +33,7 @@ Malformed TF_CONFIG raises ``ClusterConfigError`` (see ``resolver._tf_config``).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -45,9 +46,25 @@ __all__ = ["TFConfigClusterResolver"]
 _TF_CONFIG_ENV = "TF_CONFIG"
 
 
-def _load() -> TFConfig:
+def _raw() -> str | None:
     # The one place the environment is read; called on every access by design.
-    return parse_tf_config(os.environ.get(_TF_CONFIG_ENV))
+    return os.environ.get(_TF_CONFIG_ENV)
+
+
+def _load() -> TFConfig:
+    return parse_tf_config(_raw())
+
+
+def sparse_cluster_only() -> bool:
+    """True when ``TF_CONFIG`` has Kubeflow's ``"sparseCluster"`` (dynamic workers) and no
+    ``"cluster"``: TF then sees an empty cluster; process entry points explain why. Never raises
+    (a malformed ``TF_CONFIG`` is the resolver's to report)."""
+    raw = _raw()
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "sparseCluster" in doc and "cluster" not in doc
 
 
 class TFConfigClusterResolver(ClusterResolver):

@@ -39,3 +39,45 @@ def test_resolver_imports_only_the_standard_library() -> None:
 def test_cluster_never_imports_process_entry_points(upper: str) -> None:
     offenders = [f for f, names in _imported_top_levels("cluster").items() if upper in names]
     assert not offenders, f"cluster/ must not import {upper}/: {offenders}"
+
+
+# The process entry points may read the environment; below them, only cluster/settings.py does
+# (DESIGN.md: config read once at the edge). resolver/ reads TF_CONFIG and Slurm's variables by
+# contract (TF reads them on every call); cluster/ctl/ is the clusterctl command line;
+# cluster/testing.py is the entry point of the processes it spawns.
+_ENV_READERS = ("cluster/settings.py", "cluster/testing.py", "cluster/ctl/", "worker/", "ps/",
+                "resolver/")
+
+
+def _reads_environment(tree: ast.AST) -> list[int]:
+    """Lines that touch ``os.environ``, ``os.getenv``/``putenv`` or import them from os."""
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv",
+                                                              "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv", "environb") for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_settings_and_entry_points_read_the_environment() -> None:
+    offenders = {}
+    for package in ("cluster", "worker", "ps", "resolver"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            if rel.startswith(_ENV_READERS):
+                continue
+            lines = _reads_environment(ast.parse(path.read_text(), filename=rel))
+            if lines:
+                offenders[rel] = lines
+    assert not offenders, (
+        f"read the environment in cluster/settings.py (TaskSettings) and pass it down: {offenders}")
+
+
+def test_the_environment_check_finds_a_reader() -> None:
+    assert _reads_environment(ast.parse("import os\nx = os.environ.get('A')")) == [2]
+    assert _reads_environment(ast.parse("from os import getenv")) == [1]
+    assert _reads_environment(ast.parse("import os\nx = os.path.join('a')")) == []

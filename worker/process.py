@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from cluster import exitcodes, lifecycle, runtime
 from cluster.errors import (
-    AddressInUseError,
     ClusterError,
     CollectiveAbortedError,
     PeerFailedError,
@@ -90,9 +89,6 @@ def _fail(message: str) -> None:
     print(f"worker: error: {message}", file=sys.stderr, flush=True)
 
 
-def _startup_failed(exc: BaseException, code: int) -> int:
-    return lifecycle.report_startup_failure("worker", exc, code)
-
 
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run(sys.argv[1:] if argv is None else argv))
@@ -112,20 +108,16 @@ def run(argv: list[str]) -> int:
     lifecycle.install_termination_handlers(
         (signal.SIGTERM, signal.SIGINT) if command.serve else (signal.SIGTERM,))
     service = WorkerService() if command.serve else None
-    try:
-        rt = runtime.start(services={SERVICE: service.handlers()} if service else None)
-    except AddressInUseError as e:
-        return _startup_failed(e, exitcodes.EXIT_ADDRESS_IN_USE)
-    except (ClusterError, ValueError) as e:
-        return _startup_failed(e, exitcodes.EXIT_USAGE)
-    except lifecycle.Terminated as e:
-        return e.exit_code
+    rt = lifecycle.start_runtime(
+        "worker", os.environ, services={SERVICE: service.handlers()} if service else None)
+    if isinstance(rt, int):
+        return rt
     try:
         if rt.task_type not in WORKER_JOBS:
             _fail(f"TF_CONFIG makes this task {rt.task}: run it with `python -m ps`, not "
                   "`python -m worker`")
             return exitcodes.EXIT_USAGE
-        lifecycle.watch_launcher()
+        lifecycle.watch_launcher(rt.settings.launcher_pid)
         if service is not None:
             service.bind(rt.task, rt.token)
             return _serve(rt)
@@ -171,7 +163,7 @@ def _record(rt: runtime.TaskRuntime, exc: BaseException, code: int) -> int:
         root = rt.peer_failure.task if rt.peer_failure is not None else getattr(exc, "task", "")
     lifecycle.write_error_file(lifecycle.ErrorRecord(
         task=rt.task, error_type=type(exc).__name__, message=str(exc), exit_code=code,
-        root_task=root or "", traceback=traceback.format_exc()))
+        root_task=root or "", traceback=traceback.format_exc()), rt.settings.error_file)
     return code
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cluster.collectives.options import CommunicationOptions
+from cluster.deadline import Deadline
 from cluster.errors import (
     CollectiveAbortedError,
     CollectiveTimeoutError,
@@ -21,7 +22,6 @@ from cluster.errors import (
     TransportClosedError,
 )
 from cluster.transport.api import Transport
-from cluster.transport.deadline import Deadline
 
 __all__ = ["Call", "CallCounter"]
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from cluster.deadline import Deadline
 from cluster.errors import CollectiveMismatchError
 from cluster.transport.api import MessageKey, Received, Transport
-from cluster.transport.deadline import Deadline
 
 __all__ = ["Exchange"]
 

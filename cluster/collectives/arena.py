@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cluster.deadline import Deadline
 from cluster.errors import (
     CollectiveAbortedError,
     CollectiveMismatchError,
@@ -44,7 +45,6 @@ from cluster.errors import (
 )
 from cluster.transport import shm
 from cluster.transport.api import PeerInfo
-from cluster.transport.deadline import Deadline
 
 __all__ = ["Arena", "ArenaLayout", "progress"]
 

@@ -20,7 +20,7 @@ import numpy as np
 from cluster.collectives import nccl
 from cluster.collectives.local import LocalCollectives
 from cluster.collectives.ops import ReduceOp
-from cluster.transport.deadline import Deadline
+from cluster.deadline import Deadline
 
 __all__ = ["HostNccl"]
 

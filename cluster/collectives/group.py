@@ -28,15 +28,14 @@ from cluster.collectives.ops import ReduceOp, check_reducible, finalize
 from cluster.collectives.options import (
     Algorithm,
     CollectivePath,
+    CollectiveSettings,
     CommunicationImplementation,
     CommunicationOptions,
-    algorithm_from_env,
-    path_from_env,
 )
 from cluster.collectives.schedule import segments
 from cluster.collectives.topology import Topology, discover
+from cluster.deadline import Deadline
 from cluster.transport.api import Transport
-from cluster.transport.deadline import Deadline
 from cluster.transport.subset import SubsetTransport
 
 __all__ = [
@@ -90,12 +89,12 @@ class CollectiveGroup:
       A group on one host runs every collective there; across hosts, all-reduces are
       hierarchical (reduce inside each host, the network ring across one leader per host,
       broadcast inside) and the other collectives use the network. ``implementation=RING``
-      (group or call options), ``CLUSTER_COLLECTIVE_PATH=network`` or a forced
-      ``CLUSTER_COLLECTIVE_ALGORITHM`` put everything on the network.
+      (group or call options), ``settings.path=NETWORK`` or a forced ``settings.algorithm``
+      (``CLUSTER_COLLECTIVE_PATH`` / ``CLUSTER_COLLECTIVE_ALGORITHM`` through
+      :class:`cluster.settings.TaskSettings`) put everything on the network.
     - Network algorithm: recursive doubling below ``small_message_bytes``, the pipelined ring
       above it; ``implementation=RING`` always uses the ring, and
-      ``CLUSTER_COLLECTIVE_ALGORITHM`` (``ring``/``doubling``/``auto``), read once here,
-      overrides both.
+      ``settings.algorithm`` (``RING``/``DOUBLING``) overrides both.
     - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
       ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms.
     """
@@ -111,6 +110,7 @@ class CollectiveGroup:
         host_id: str = "",
         shm_round_bytes: int = DEFAULT_SHM_ROUND_BYTES,
         shm_whole_bytes: int | None = DEFAULT_SHM_WHOLE_BYTES,
+        settings: CollectiveSettings | None = None,
         _shared_memory: bool = True,
     ) -> None:
         if not isinstance(transport, Transport):
@@ -118,6 +118,9 @@ class CollectiveGroup:
         if not isinstance(name, str) or not name:
             raise ValueError(f"group name must be a non-empty string, got {name!r}")
         options = CommunicationOptions() if options is None else options
+        settings = CollectiveSettings() if settings is None else settings
+        if not isinstance(settings, CollectiveSettings):
+            raise TypeError(f"settings must be a CollectiveSettings, got {settings!r}")
         if not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {options!r}")
         _check_int("small_message_bytes", small_message_bytes, minimum=0)
@@ -132,13 +135,14 @@ class CollectiveGroup:
         self._options = options
         self._small = small_message_bytes
         self._chunk = chunk_bytes
-        self._forced = algorithm_from_env()
+        self._settings = settings
+        self._forced = settings.algorithm
         self._calls = CallCounter(transport, name)
         self._buffers = BufferPool()
         self._host_id = host_id
         self._round_bytes = shm_round_bytes
         self._whole_bytes = shm_whole_bytes
-        self._shared_memory = _shared_memory and path_from_env() is CollectivePath.AUTO
+        self._shared_memory = _shared_memory and settings.path is CollectivePath.AUTO
         self._set_up = not _shared_memory  # an internal group (the leaders): network only
         self._topology: Topology | None = None
         self._local: LocalCollectives | None = None
@@ -449,7 +453,7 @@ class CollectiveGroup:
             self._leaders = CollectiveGroup(
                 SubsetTransport(self._transport, topology.leaders), f"{self._name}/hosts",
                 self._options, small_message_bytes=self._small, chunk_bytes=self._chunk,
-                _shared_memory=False,
+                settings=self._settings, _shared_memory=False,
             )
 
     def _route(self, call: Call, kind: str) -> str:

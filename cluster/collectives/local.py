@@ -30,7 +30,7 @@ import numpy as np
 from cluster.collectives.arena import Arena, progress
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import Range, segments
-from cluster.transport.deadline import Deadline
+from cluster.deadline import Deadline
 
 __all__ = ["LocalCollectives", "auto_whole_bytes"]
 

@@ -1,14 +1,14 @@
 """Communication options, mirroring ``tf.distribute.experimental.CommunicationOptions``.
 
-The environment is read here and nowhere else in the package (:func:`algorithm_from_env`,
-:func:`path_from_env`).
+Process-wide choices (``CLUSTER_COLLECTIVE_PATH``, ``CLUSTER_COLLECTIVE_ALGORITHM``) are parsed
+here from a mapping the caller passes (:meth:`CollectiveSettings.from_env`); this package never
+reads ``os.environ`` itself: ``cluster.settings`` does, once, at the edge.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,6 +20,7 @@ __all__ = [
     "CollectivePath",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "CollectiveSettings",
     "algorithm_from_env",
     "path_from_env",
 ]
@@ -122,7 +123,7 @@ class Algorithm(enum.Enum):
 ALGORITHM_ENV = "CLUSTER_COLLECTIVE_ALGORITHM"
 
 
-def algorithm_from_env(environ: Mapping[str, str] | None = None) -> Algorithm:
+def algorithm_from_env(environ: Mapping[str, str]) -> Algorithm:
     """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``).
 
     Unset or empty means ``AUTO``. Raises ``ValueError`` naming the variable for other values.
@@ -140,7 +141,7 @@ class CollectivePath(enum.Enum):
 PATH_ENV = "CLUSTER_COLLECTIVE_PATH"
 
 
-def path_from_env(environ: Mapping[str, str] | None = None) -> CollectivePath:
+def path_from_env(environ: Mapping[str, str]) -> CollectivePath:
     """The path forced by ``CLUSTER_COLLECTIVE_PATH`` (``auto``, the default, or ``network``).
 
     ``network`` sends everything over the network data plane, as
@@ -154,15 +155,35 @@ _E = TypeVar("_E", bound=enum.Enum)
 
 
 def _choice_from_env(name: str, choices: type[_E], default: _E,
-                     environ: Mapping[str, str] | None) -> _E:
+                     environ: Mapping[str, str]) -> _E:
     """The member of ``choices`` named by variable ``name`` (any case); unset or empty gives
     ``default``; anything else is a ``ValueError`` naming the variable and the choices."""
-    env = os.environ if environ is None else environ
-    raw = env.get(name, "").strip().lower()
+    raw = environ.get(name, "").strip().lower()
     if not raw:
         return default
     try:
         return choices(raw)
     except ValueError:
         valid = ", ".join(str(c.value) for c in choices)
-        raise ValueError(f"{name}={raw!r} is not one of: {valid}") from None
+        raise ValueError(f"{name}={raw!r} is not one of: {valid} (unset it for auto)") from None
+
+
+@dataclass(frozen=True)
+class CollectiveSettings:
+    """Process-wide collective choices: ``path`` (``NETWORK`` keeps co-located ranks off shared
+    memory) and ``algorithm`` (forces the network all-reduce). Defaults: both ``AUTO``."""
+
+    path: CollectivePath = CollectivePath.AUTO
+    algorithm: Algorithm = Algorithm.AUTO
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, CollectivePath):
+            raise TypeError(f"path must be a CollectivePath, got {self.path!r}")
+        if not isinstance(self.algorithm, Algorithm):
+            raise TypeError(f"algorithm must be an Algorithm, got {self.algorithm!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> CollectiveSettings:
+        """Read ``CLUSTER_COLLECTIVE_PATH`` and ``CLUSTER_COLLECTIVE_ALGORITHM`` from ``environ``;
+        ``ValueError`` naming the variable for a bad value."""
+        return cls(path_from_env(environ), algorithm_from_env(environ))

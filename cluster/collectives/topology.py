@@ -30,9 +30,9 @@ import numpy as np
 from cluster.collectives import ring
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.arena import Arena, ArenaLayout
+from cluster.deadline import Deadline
 from cluster.transport import shm
 from cluster.transport.api import Transport
-from cluster.transport.deadline import Deadline
 
 __all__ = ["Topology", "discover"]
 

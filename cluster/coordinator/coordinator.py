@@ -54,6 +54,7 @@ from cluster.errors import (
     RemoteFunctionError,
     UnauthenticatedError,
 )
+from cluster.settings import ENV_FUNCTION_TIMEOUT
 from cluster.strategies._ps_variables import SyncSlot
 from cluster.strategies.parameter_server import ParameterServerStrategy
 from cluster.transport._pb import control_pb2, coordinator_pb2
@@ -62,12 +63,10 @@ from cluster.transport.health import SERVICE as CONTROL_SERVICE
 from cluster.transport.health import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
 
-__all__ = ["ENV_FUNCTION_TIMEOUT", "ClusterCoordinator"]
+__all__ = ["ClusterCoordinator"]
 
 log = logging.getLogger(__name__)
 
-ENV_FUNCTION_TIMEOUT = "CLUSTER_FUNCTION_TIMEOUT"
-DEFAULT_FUNCTION_TIMEOUT = 3600.0
 _POLL = 0.2  # seconds between checks of a worker that is down, and of heartbeat silence
 _WORKER_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 
@@ -286,7 +285,7 @@ class ClusterCoordinator:
         rt = strategy._runtime
         self._strategy = strategy
         self._runtime = rt
-        self._timeout = _function_timeout()
+        self._timeout = rt.settings.function_timeout
         self._queue = _Queue(strategy.synchronous)
         self._seq = itertools.count()
         self._run_ids = itertools.count(1)
@@ -481,17 +480,6 @@ def _make_dataset(dataset_fn: Callable[[], Any]) -> Any:
     return dataset
 
 
-def _function_timeout() -> float:
-    text = os.environ.get(ENV_FUNCTION_TIMEOUT)
-    if not text:
-        return DEFAULT_FUNCTION_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{ENV_FUNCTION_TIMEOUT}: expected seconds > 0, got {text!r}")
-    return value
 
 
 class _WorkerDispatcher:

@@ -43,10 +43,16 @@ from cluster.ctl import policy
 from cluster.ctl._output import Console, LineSplitter, use_color
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.tfconfig import assign_addresses, tf_config
+from cluster.deadline import Deadline
 from cluster.errors import ClusterError
-from cluster.runtime import ENV_CONNECT_TIMEOUT, ENV_HEARTBEAT_TIMEOUT
-from cluster.transport.auth import ENV_TOKEN
-from cluster.transport.deadline import Deadline
+from cluster.settings import (
+    ENV_CONNECT_TIMEOUT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_LAUNCHER_PID,
+    ENV_RESTART_COUNT,
+    ENV_TOKEN,
+)
 
 __all__ = ["EXIT_RUN_FAILED", "EXIT_RUN_TIMEOUT", "TASK_RESTART_DELAY", "LaunchError",
            "LaunchResult", "TaskResult", "launch"]
@@ -202,9 +208,9 @@ class _Attempt:
         env.update({
             "TF_CONFIG": tf_config(self.addresses, task.job, task.index),
             ENV_TOKEN: self._token,
-            lifecycle.ENV_ERROR_FILE: str(task.error_path),
-            lifecycle.ENV_LAUNCHER_PID: str(os.getpid()),
-            "CLUSTER_RESTART_COUNT": str(self._restarts),
+            ENV_ERROR_FILE: str(task.error_path),
+            ENV_LAUNCHER_PID: str(os.getpid()),
+            ENV_RESTART_COUNT: str(self._restarts),
             ENV_CONNECT_TIMEOUT: f"{self.spec.timeouts.startup:g}",
             ENV_HEARTBEAT_TIMEOUT: f"{self.spec.timeouts.heartbeat:g}",
             "PYTHONUNBUFFERED": "1",

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from cluster._update_rules import adam_update, check_rate, sgd_update
+from cluster.deadline import Deadline
 from cluster.errors import (
     StaleStepError,
     SyncTimeoutError,
@@ -47,7 +48,6 @@ from cluster.errors import (
     VariableMismatchError,
     VariableNotFoundError,
 )
-from cluster.transport.deadline import Deadline
 
 __all__ = ["SYNC_WAIT_SECONDS", "AssignMode", "OptimizerSpec", "Pulled", "VariableStore"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cluster.collectives.group import CollectiveGroup
-from cluster.collectives.options import CommunicationOptions
+from cluster.collectives.options import CollectiveSettings, CommunicationOptions
 from cluster.cross_device_ops import CollectiveAllReduce, NcclAllReduce
 from cluster.strategies._devices import parse_devices
 from cluster.strategies.base import Strategy, StrategyExtended
@@ -73,7 +73,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._cluster_resolver = cluster_resolver
         parsed = parse_devices(default_local_devices() if devices is None else devices,
                                what="MultiWorkerMirroredStrategy devices")
-        group = CollectiveGroup(transport, "multi_worker_mirrored", options)
+        group = CollectiveGroup(transport, "multi_worker_mirrored", options,
+                                settings=_collective_settings())
         ops = CollectiveAllReduce(group, NcclAllReduce())
         super().__init__(StrategyExtended(self, parsed, ops, num_workers=group.world_size,
                                           worker_index=group.rank, options=options))
@@ -82,6 +83,14 @@ class MultiWorkerMirroredStrategy(Strategy):
     def cluster_resolver(self) -> Any:
         """The resolver this strategy was built from (``.task_type``, ``.task_id``)."""
         return self._cluster_resolver
+
+
+def _collective_settings() -> CollectiveSettings | None:
+    """The task's collective settings (``CLUSTER_COLLECTIVE_*``), when this process is a task."""
+    from cluster import runtime
+
+    rt = runtime.current()
+    return rt.settings.collectives if rt is not None else None
 
 
 def _local_transport() -> Transport:

@@ -15,11 +15,11 @@ from concurrent import futures
 
 import grpc
 
+from cluster.deadline import Deadline
 from cluster.errors import ClusterError, CollectiveTimeoutError, TransportClosedError
 from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import collective_pb2
 from cluster.transport.api import MessageKey, PeerInfo, Received
-from cluster.transport.deadline import Deadline
 
 __all__ = ["MAX_INFLIGHT_BYTES", "Outbox", "Reassembler"]
 

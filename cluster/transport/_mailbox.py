@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from cluster.deadline import Deadline
 from cluster.errors import ClusterError, CollectiveTimeoutError, TransportClosedError
 from cluster.transport.api import MessageKey, Received
-from cluster.transport.deadline import Deadline
 
 __all__ = ["Mailbox"]
 

@@ -11,7 +11,7 @@ import abc
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cluster.transport.deadline import Deadline
+from cluster.deadline import Deadline
 
 __all__ = ["MessageKey", "PeerInfo", "Received", "Transport"]
 

@@ -10,25 +10,25 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
 from cluster.errors import ClusterError
+from cluster.settings import ENV_ALLOW_INSECURE, ENV_TOKEN
+
+if TYPE_CHECKING:
+    from cluster.settings import TaskSettings
 
 __all__ = [
-    "ENV_ALLOW_INSECURE",
-    "ENV_TOKEN",
     "InsecureClusterError",
     "Token",
     "TokenInterceptor",
     "resolve_token",
 ]
 
-ENV_TOKEN = "CLUSTER_TOKEN"
-ENV_ALLOW_INSECURE = "CLUSTER_ALLOW_INSECURE"
 _METADATA_KEY = "authorization"
 _SCHEME = "Bearer "
 
@@ -72,21 +72,20 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def resolve_token(addresses: Iterable[str], environ: Mapping[str, str] | None = None) -> Token:
-    """Read the token from ``CLUSTER_TOKEN`` and apply the policy of DESIGN.md.
+def resolve_token(addresses: Iterable[str], settings: TaskSettings) -> Token:
+    """The token of ``settings`` (``CLUSTER_TOKEN``) under the policy of the README.
 
     No token: a cluster whose addresses are all loopback runs with a warning; any other raises
-    :class:`InsecureClusterError` unless ``CLUSTER_ALLOW_INSECURE=1``.
+    :class:`InsecureClusterError` unless ``settings.allow_insecure`` (``CLUSTER_ALLOW_INSECURE=1``).
     """
-    env = os.environ if environ is None else environ
-    value = env.get(ENV_TOKEN) or None
+    value = settings.token
     if value is not None:
         return Token(value)
     addresses = list(addresses)
     if all(_is_loopback(a) for a in addresses):
         log.warning("%s is not set: running unauthenticated on loopback", ENV_TOKEN)
         return Token(None)
-    if env.get(ENV_ALLOW_INSECURE) == "1":
+    if settings.allow_insecure:
         log.warning("%s is not set and %s=1: RPCs are unauthenticated", ENV_TOKEN,
                     ENV_ALLOW_INSECURE)
         return Token(None)

@@ -9,8 +9,8 @@ Set-up, in every process of the group::
     transport.connect(Deadline.after(30))              # Hello to every peer, open streams
 
 gRPC is the control plane (Hello, heartbeats, Abort). Tensor bytes take one of two data planes,
-chosen per transport by ``data_plane=`` or ``CLUSTER_DATA_PLANE`` (``tcp``, the default, or
-``grpc``):
+chosen per transport by ``data_plane=`` (the task's ``settings.data_plane``,
+``CLUSTER_DATA_PLANE``: ``tcp``, the default, or ``grpc``):
 
 - ``tcp`` (:mod:`~cluster.transport.tcp`): each rank listens on an extra port on its gRPC host and
   advertises it in the authenticated Hello reply; peers open one authenticated raw TCP connection
@@ -27,11 +27,11 @@ is noticed three ways: the inbound connection breaks, a send fails, or heartbeat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import grpc
 
+from cluster.deadline import Deadline
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
@@ -39,6 +39,7 @@ from cluster.errors import (
     TransportClosedError,
     UnauthenticatedError,
 )
+from cluster.settings import DATA_PLANES, ENV_DATA_PLANE
 from cluster.transport import _framing, _malloc
 from cluster.transport._grpc_errors import translate
 from cluster.transport._grpc_plane import Outbox, Reassembler
@@ -46,12 +47,11 @@ from cluster.transport._mailbox import Mailbox
 from cluster.transport._pb import collective_pb2
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
 from cluster.transport.auth import Token
-from cluster.transport.deadline import Deadline
 from cluster.transport.health import ControlService, HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS, TaskServer
 from cluster.transport.tcp import DataPlane
 
-__all__ = ["ENV_DATA_PLANE", "CollectiveEndpoint", "GrpcTransport", "MAX_FRAME_BYTES"]
+__all__ = ["CollectiveEndpoint", "GrpcTransport", "MAX_FRAME_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ SERVICE = "cluster_runtime.v1.Collective"
 MAX_FRAME_BYTES = 4 << 20  # payloads above this travel as several frames
 _SRC_RANK_KEY = "x-src-rank"
 _DATA_PORT_KEY = "x-data-port"  # Hello reply trailer: the replying rank's TCP data port
-ENV_DATA_PLANE = "CLUSTER_DATA_PLANE"
-DATA_PLANES = ("tcp", "grpc")
 
 
 class CollectiveEndpoint:
@@ -165,12 +163,11 @@ class GrpcTransport(Transport):
         *,
         heartbeat_timeout: float = 5.0,
         max_frame_bytes: int = MAX_FRAME_BYTES,
-        data_plane: str | None = None,
+        data_plane: str = "tcp",
     ) -> None:
-        data_plane = data_plane or os.environ.get(ENV_DATA_PLANE) or "tcp"
         if data_plane not in DATA_PLANES:
-            raise ValueError(f"{ENV_DATA_PLANE} must be one of {', '.join(DATA_PLANES)}, "
-                             f"got {data_plane!r}")
+            raise ValueError(f"data plane ({ENV_DATA_PLANE}) must be one of "
+                             f"{', '.join(DATA_PLANES)}, got {data_plane!r}")
         if not 0 <= rank < len(peers):
             raise ValueError(f"rank {rank} is outside the group of {len(peers)}")
         if [p.rank for p in peers] != list(range(len(peers))):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
+from cluster.deadline import Deadline
 from cluster.errors import CollectiveAbortedError, PeerUnavailableError, TransportClosedError
 from cluster.transport._mailbox import Mailbox
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
-from cluster.transport.deadline import Deadline
 
 __all__ = ["InProcessHub", "InProcessTransport"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cluster.deadline import Deadline
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
-from cluster.transport.deadline import Deadline
 
 __all__ = ["SubsetTransport"]
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cluster.deadline import Deadline
 from cluster.errors import (
     ClusterError,
     CollectiveTimeoutError,
@@ -43,7 +44,6 @@ from cluster.errors import (
 from cluster.transport import _wire
 from cluster.transport._sockio import Reader, recv_exact, shutdown, tune
 from cluster.transport.api import MessageKey, PeerInfo, Received
-from cluster.transport.deadline import Deadline
 
 __all__ = ["DataPlane"]
 

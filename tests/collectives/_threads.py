@@ -16,7 +16,7 @@ from cluster.collectives import CollectiveGroup
 from cluster.transport.api import Transport
 from cluster.transport.inproc import InProcessHub
 
-__all__ = ["RankFailed", "make_groups", "run_ranks"]
+__all__ = ["RankFailed", "make_groups", "new_group", "run_ranks"]
 
 _MISSING = object()
 
@@ -28,6 +28,14 @@ class RankFailed(AssertionError):
 GROUP_DEFAULTS: dict[str, Any] = {}
 """``CollectiveGroup`` arguments ``make_groups`` adds unless given (``conftest.py`` sets small
 shared-memory rounds, so that modest test sizes span many rounds and both algorithms)."""
+
+
+def new_group(transport: Transport, **kwargs: Any) -> CollectiveGroup:
+    """A ``CollectiveGroup`` on this test's path (``GROUP_DEFAULTS["settings"]``), nothing else
+    of ``GROUP_DEFAULTS`` added."""
+    if "settings" in GROUP_DEFAULTS:
+        kwargs.setdefault("settings", GROUP_DEFAULTS["settings"])
+    return CollectiveGroup(transport, **kwargs)
 
 
 def make_groups(world_size: int, **kwargs: Any) -> tuple[InProcessHub, list[CollectiveGroup]]:

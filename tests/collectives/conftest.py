@@ -4,14 +4,15 @@ the whole module is ``path_independent`` (no collective groups: schedules, optio
 
 - ``shm``: the default, co-located ranks (all ranks here) use shared memory; ``make_groups``
   gives them 1 KiB rounds, so modest sizes exercise many rounds and both algorithms;
-- ``network``: ``CLUSTER_COLLECTIVE_PATH=network``, the gRPC/TCP path for everything.
+- ``network``: ``CollectiveSettings(path=NETWORK)`` for groups built in the test (and
+  ``CLUSTER_COLLECTIVE_PATH=network`` for tasks it spawns), the gRPC/TCP path for everything.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from cluster.collectives.options import PATH_ENV
+from cluster.collectives.options import PATH_ENV, CollectivePath, CollectiveSettings
 
 from . import _threads
 
@@ -36,7 +37,10 @@ def collective_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     """The path this test runs on (set before the test builds its groups)."""
     path = getattr(request, "param", "network")
     if path == "network":
+        # Groups built here get the settings; tasks spawned by the test read the environment.
         monkeypatch.setenv(PATH_ENV, "network")
+        monkeypatch.setattr(_threads, "GROUP_DEFAULTS",
+                            {"settings": CollectiveSettings(path=CollectivePath.NETWORK)})
     else:
         monkeypatch.delenv(PATH_ENV, raising=False)
         monkeypatch.setattr(_threads, "GROUP_DEFAULTS",

@@ -13,9 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
-from cluster.collectives.options import ALGORITHM_ENV
+from cluster.collectives.options import ALGORITHM_ENV, CollectiveSettings
+from cluster.deadline import Deadline
+from cluster.errors import TaskConfigError
+from cluster.settings import TaskSettings
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
-from cluster.transport.deadline import Deadline
 from cluster.transport.inproc import InProcessHub
 
 from ._threads import make_groups, run_ranks
@@ -240,17 +242,16 @@ def test_collectives_leave_no_message_behind() -> None:
 def test_algorithm_choice_follows_size_options_and_environment(
     monkeypatch: pytest.MonkeyPatch, env: str, options: CommunicationOptions, expected: str
 ) -> None:
-    monkeypatch.setenv(ALGORITHM_ENV, env)
-    g = CollectiveGroup(InProcessHub(2).transports[0], options=options)
+    settings = CollectiveSettings.from_env({ALGORITHM_ENV: env})
+    g = CollectiveGroup(InProcessHub(2).transports[0], options=options, settings=settings)
     assert g._algorithm(1024, options).split("/")[0] == expected
     if not env and options.implementation.value == "AUTO":
         assert g._algorithm(64 * 1024, options).startswith("ring")
 
 
-def test_bad_algorithm_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ALGORITHM_ENV, "tree")
-    with pytest.raises(ValueError, match=ALGORITHM_ENV):
-        CollectiveGroup(InProcessHub(1).transports[0])
+def test_bad_algorithm_environment_is_a_clear_error() -> None:
+    with pytest.raises(TaskConfigError, match=ALGORITHM_ENV):
+        TaskSettings.from_env({ALGORITHM_ENV: "tree"})
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,9 +16,10 @@ import pytest
 from cluster.collectives import device as devicemod
 from cluster.collectives.device import HostNccl
 from cluster.collectives.ops import ReduceOp, finalize
+from cluster.deadline import Deadline
 from cluster.errors import CollectiveTimeoutError
-from cluster.transport.deadline import Deadline
 
+from . import _threads
 from ._fake_cupy import FakeCuda, assert_same_bits, host
 from ._threads import make_groups, run_ranks
 
@@ -205,12 +206,11 @@ def test_group_all_reduce_of_gpu_arrays_runs_nccl_inside_the_host(
         fake: FakeCuda, hosts: list[int], op: str) -> None:
     """CuPy in, CuPy out on the caller's GPU; NCCL among the host's GPUs; across hosts only the
     leaders' copies touch host memory."""
-    from cluster.collectives import CollectiveGroup
     from cluster.transport.inproc import InProcessHub
 
     world = len(hosts)
     hub = InProcessHub(world)
-    groups = [CollectiveGroup(t, host_id=f"h{hosts[r]}") for r, t in enumerate(hub.transports)]
+    groups = [_threads.new_group(t, host_id=f"h{hosts[r]}") for r, t in enumerate(hub.transports)]
     devices = [r % 2 if len(set(hosts)) > 1 else r for r in range(world)]  # distinct per host
     inputs = [np.arange(6, dtype=np.float32) * (r + 1) for r in range(world)]
 

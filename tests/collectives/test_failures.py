@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
-from cluster.collectives.options import PATH_ENV
+from cluster.collectives.options import PATH_ENV, CollectiveSettings
+from cluster.deadline import Deadline
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
@@ -19,9 +20,9 @@ from cluster.errors import (
     PeerUnavailableError,
 )
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
-from cluster.transport.deadline import Deadline
 from cluster.transport.inproc import InProcessHub
 
+from . import _threads
 from ._threads import make_groups, run_ranks
 
 Call = Callable[[CollectiveGroup, int], object]
@@ -117,8 +118,8 @@ def test_mismatch_message_names_both_tasks_and_signatures() -> None:
 def test_options_that_change_the_algorithm_are_a_mismatch() -> None:
     hub = InProcessHub(2)
     groups = [
-        CollectiveGroup(hub.transports[0], chunk_bytes=64, small_message_bytes=0),
-        CollectiveGroup(hub.transports[1], chunk_bytes=128, small_message_bytes=0),
+        _threads.new_group(hub.transports[0], chunk_bytes=64, small_message_bytes=0),
+        _threads.new_group(hub.transports[1], chunk_bytes=128, small_message_bytes=0),
     ]
     outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(100)), 2, return_exceptions=True)
     assert any(isinstance(o, CollectiveMismatchError) for o in outcomes)
@@ -143,9 +144,10 @@ def test_shared_memory_mismatch_names_both_tasks_and_signatures() -> None:
 def test_shared_memory_settings_that_differ_are_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PATH_ENV)
     hub = InProcessHub(2)
+    shm = CollectiveSettings()  # the shared-memory path, whatever the test's default
     groups = [
-        CollectiveGroup(hub.transports[0], shm_round_bytes=1024),
-        CollectiveGroup(hub.transports[1], shm_round_bytes=2048),
+        _threads.new_group(hub.transports[0], shm_round_bytes=1024, settings=shm),
+        _threads.new_group(hub.transports[1], shm_round_bytes=2048, settings=shm),
     ]
     outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(100)), 2, return_exceptions=True)
     assert any(isinstance(o, CollectiveMismatchError) for o in outcomes), outcomes
@@ -218,7 +220,8 @@ def test_a_killed_rank_raises_peer_unavailable_on_every_survivor(small_message_b
     hub = InProcessHub(4)
     watched = [_Watched(t) for t in hub.transports]
     groups = [
-        CollectiveGroup(t, small_message_bytes=small_message_bytes, chunk_bytes=64) for t in watched
+        _threads.new_group(t, small_message_bytes=small_message_bytes, chunk_bytes=64)
+        for t in watched
     ]
     survivors = [0, 1, 3]
 
@@ -258,7 +261,7 @@ def test_a_missing_peer_times_out_and_the_others_are_aborted() -> None:
 
 def test_group_timeout_option_applies_to_every_call() -> None:
     hub = InProcessHub(3)
-    group = CollectiveGroup(hub.transports[2], options=CommunicationOptions(timeout_seconds=0.1))
+    group = _threads.new_group(hub.transports[2], options=CommunicationOptions(timeout_seconds=0.1))
     with pytest.raises(CollectiveTimeoutError, match="worker:1"):
         group.broadcast(np.ones(3), root=1)
 

@@ -14,9 +14,10 @@ import time
 import numpy as np
 import pytest
 
+from cluster.deadline import Deadline
+from cluster.settings import TaskSettings
 from cluster.testing import run_group
 from cluster.transport.api import MessageKey
-from cluster.transport.deadline import Deadline
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -59,7 +60,8 @@ def _expected(case: int, world: int, dtype: str, op: str, shape: tuple[int, ...]
 def _battery(transport):
     from cluster.collectives import CollectiveGroup, ReduceOp
 
-    group = CollectiveGroup(transport, name="battery", small_message_bytes=64 << 10)
+    group = CollectiveGroup(transport, name="battery", small_message_bytes=64 << 10,
+                            settings=TaskSettings.from_env().collectives)
     results = []
     for case, (dtype, op, shape) in enumerate(_cases()):
         out = group.all_reduce(_input(case, transport.rank, dtype, shape), ReduceOp[op])
@@ -107,7 +109,8 @@ def test_collectives_match_numpy_and_are_bitwise_identical_across_processes(
 def _all_reduce_until_victim_dies(transport, victim: int):
     from cluster.collectives import CollectiveGroup, CommunicationOptions
 
-    group = CollectiveGroup(transport, options=CommunicationOptions(timeout_seconds=60))
+    group = CollectiveGroup(transport, options=CommunicationOptions(timeout_seconds=60),
+                            settings=TaskSettings.from_env().collectives)
     group.barrier()
     # Die only after every survivor has left the barrier: a death poisons the whole group, so an
     # earlier one would fail the barrier itself rather than the all-reduces under test.
@@ -156,7 +159,7 @@ def test_kill_9_during_all_reduce_fails_every_survivor_naming_the_dead_task(
 def _mismatched_shapes(transport):
     from cluster.collectives import CollectiveGroup
 
-    group = CollectiveGroup(transport)
+    group = CollectiveGroup(transport, settings=TaskSettings.from_env().collectives)
     try:
         # A fast rank may detect the mismatch and abort while a slow one is still leaving the
         # barrier; that one then reports the abort from there, which is the same outcome.

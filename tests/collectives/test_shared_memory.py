@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
+from cluster.collectives.options import CollectivePath, CollectiveSettings
 from cluster.errors import PeerUnavailableError
 from cluster.transport import shm
 from cluster.transport.inproc import InProcessHub
 
+from . import _threads
 from ._threads import run_ranks
 from .test_all_reduce import rank_input
 
@@ -37,7 +39,7 @@ LAYOUTS = {  # host of each rank
 def _groups(hosts: list[int], **kwargs) -> tuple[InProcessHub, list[CollectiveGroup]]:
     hub = InProcessHub(len(hosts))
     kwargs = {"shm_round_bytes": 512, "shm_whole_bytes": 128, "chunk_bytes": 64, **kwargs}
-    groups = [CollectiveGroup(t, host_id=f"host{hosts[r]}", **kwargs)
+    groups = [_threads.new_group(t, host_id=f"host{hosts[r]}", **kwargs)
               for r, t in enumerate(hub.transports)]
     return hub, groups
 
@@ -71,8 +73,7 @@ def test_hierarchical_all_reduce_equals_the_network_path(layout: str, op: str, s
     _, groups = _groups(hosts)
     ours = run_ranks(lambda r: (groups[r].all_reduce(ints[r], op),
                                 groups[r].all_reduce(floats[r], op)), world)
-    monkeypatch.setenv("CLUSTER_COLLECTIVE_PATH", "network")
-    _, network = _groups(hosts)
+    _, network = _groups(hosts, settings=CollectiveSettings(path=CollectivePath.NETWORK))
     theirs = run_ranks(lambda r: network[r].all_reduce(ints[r], op), world)
     reference = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max, "MIN": np.min}[op]
     want = reference(np.stack(floats).astype(np.float64), axis=0)
@@ -239,7 +240,7 @@ def test_a_co_located_peer_whose_process_is_gone_is_reported_within_a_moment() -
 def test_implementation_ring_keeps_a_group_off_shared_memory() -> None:
     hub = InProcessHub(2)
     ring = CommunicationOptions(implementation="RING")
-    groups = [CollectiveGroup(t, options=ring) for t in hub.transports]
+    groups = [_threads.new_group(t, options=ring) for t in hub.transports]
     results = run_ranks(lambda r: groups[r].all_reduce(np.ones(4), ReduceOp.SUM), 2)
     assert all(np.array_equal(x, np.full(4, 2.0)) for x in results)
     assert all(g._local is None for g in groups)

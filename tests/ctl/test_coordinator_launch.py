@@ -26,7 +26,7 @@ CHIEF = textwrap.dedent('''\
     import argparse, json, os, select, sys
     import cluster.runtime
     from cluster.errors import PeersNotReadyError
-    from cluster.transport.deadline import Deadline
+    from cluster.deadline import Deadline
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--fifo")

@@ -12,6 +12,7 @@ import pytest
 import cluster.runtime as runtime
 from cluster._placement import resolve_placement
 from cluster.collectives import CollectiveGroup, ReduceOp
+from cluster.deadline import Deadline
 from cluster.errors import (
     AddressInUseError,
     CollectiveAbortedError,
@@ -19,12 +20,12 @@ from cluster.errors import (
     PeersNotReadyError,
     TaskConfigError,
 )
-from cluster.transport.deadline import Deadline
+from cluster.settings import TaskSettings
 from resolver import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = runtime.RuntimeSettings(connect_timeout=10, heartbeat_interval=0.2, heartbeat_timeout=3,
+FAST = TaskSettings(connect_timeout=10, heartbeat_interval=0.2, heartbeat_timeout=3,
                                report_timeout=2)
 
 
@@ -87,10 +88,10 @@ def test_malformed_tf_config_becomes_a_task_config_error(monkeypatch) -> None:
 
 
 def test_settings_from_env_name_the_bad_variable() -> None:
-    assert runtime.RuntimeSettings.from_env({"CLUSTER_CONNECT_TIMEOUT": "2.5"}).connect_timeout \
+    assert TaskSettings.from_env({"CLUSTER_CONNECT_TIMEOUT": "2.5"}).connect_timeout \
         == 2.5
     with pytest.raises(TaskConfigError, match="CLUSTER_HEARTBEAT_TIMEOUT"):
-        runtime.RuntimeSettings.from_env({"CLUSTER_HEARTBEAT_TIMEOUT": "-1"})
+        TaskSettings.from_env({"CLUSTER_HEARTBEAT_TIMEOUT": "-1"})
 
 
 # -- runtimes in one process ----------------------------------------------------------------
@@ -101,9 +102,8 @@ def pair():
     """chief:0 and worker:0 as two TaskRuntimes in this process."""
     ports = free_ports(2)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
-    env = {}
-    rts = [runtime.TaskRuntime.create(resolver(cluster, "chief", 0), FAST, env),
-           runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST, env)]
+    rts = [runtime.TaskRuntime.create(resolver(cluster, "chief", 0), FAST),
+           runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST)]
     yield rts
     for rt in rts:
         rt.shutdown(grace=0)
@@ -160,7 +160,7 @@ def test_report_failure_fails_the_peers_collectives_naming_the_root_cause(pair) 
 def test_wait_for_peers_lists_exactly_the_tasks_that_never_came_up() -> None:
     ports = free_ports(3)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    rt = runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST, {})
+    rt = runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST)
     try:
         with pytest.raises(PeersNotReadyError) as info:
             rt.wait_for_peers(Deadline.after(1.0))
@@ -179,7 +179,7 @@ def test_a_taken_address_is_an_address_in_use_error_naming_the_task() -> None:
         s.listen(1)
         address = f"127.0.0.1:{s.getsockname()[1]}"
         with pytest.raises(AddressInUseError, match=f"worker:0: cannot serve on {address}"):
-            runtime.TaskRuntime.create(resolver({"worker": [address]}, "worker", 0), FAST, {})
+            runtime.TaskRuntime.create(resolver({"worker": [address]}, "worker", 0), FAST)
 
 
 def test_start_is_idempotent_for_the_same_task_and_refuses_another() -> None:
@@ -200,7 +200,7 @@ def test_start_is_idempotent_for_the_same_task_and_refuses_another() -> None:
 def test_tasks_outside_the_collective_group_get_no_transport() -> None:
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"]}
-    rt = runtime.TaskRuntime.create(resolver(cluster, "ps", 0), FAST, {})
+    rt = runtime.TaskRuntime.create(resolver(cluster, "ps", 0), FAST)
     try:
         with pytest.raises(TaskConfigError, match="ps:0 is not in the collective group"):
             rt.collective_transport()

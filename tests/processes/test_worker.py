@@ -13,7 +13,8 @@ import time
 import pytest
 
 from cluster import exitcodes
-from cluster.runtime import RuntimeSettings, TaskRuntime
+from cluster.runtime import TaskRuntime
+from cluster.settings import TaskSettings
 from resolver import ClusterSpec, SimpleClusterResolver
 from tests.processes.conftest import REPO, SCRIPTS
 from tests.processes.test_runtime import free_ports
@@ -145,7 +146,7 @@ def test_ps_and_serving_worker_stop_on_shutdown_rpc_and_sigterm(marker) -> None:
     ps = start(marker, ["-m", "ps"], tf_config(cluster, "ps", 0))
     chief = TaskRuntime.create(
         SimpleClusterResolver(ClusterSpec(cluster), task_type="chief", task_id=0),
-        RuntimeSettings(connect_timeout=20), {})
+        TaskSettings(connect_timeout=20))
     try:
         chief.wait_for_peers()
         assert chief.shutdown_tasks([("worker:0", cluster["worker"][0])], "done") == {}

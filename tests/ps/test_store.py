@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import optimizers
+from cluster.deadline import Deadline
 from cluster.errors import (
     StaleStepError,
     SyncTimeoutError,
@@ -18,7 +19,6 @@ from cluster.errors import (
     VariableNotFoundError,
 )
 from cluster.ps import AssignMode, OptimizerSpec, VariableStore
-from cluster.transport.deadline import Deadline
 from cluster.variables import Variable
 
 pytestmark = pytest.mark.timeout(60)

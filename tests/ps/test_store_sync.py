@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.errors import (
     StaleStepError,
     VariableExistsError,
@@ -16,7 +17,6 @@ from cluster.errors import (
     VariableNotFoundError,
 )
 from cluster.ps import OptimizerSpec, VariableStore
-from cluster.transport.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token
-from cluster.transport.deadline import Deadline
 from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
 from cluster.transport.inproc import InProcessHub
 from cluster.transport.server import TaskServer

@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.errors import CollectiveAbortedError, CollectiveTimeoutError, TransportClosedError
 from cluster.transport.api import MessageKey
-from cluster.transport.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(30)
 

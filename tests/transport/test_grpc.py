@@ -7,12 +7,13 @@ import socket
 import grpc
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError, UnauthenticatedError
+from cluster.settings import TaskSettings
 from cluster.transport import _framing
 from cluster.transport._pb import collective_pb2, control_pb2
 from cluster.transport.api import MessageKey, PeerInfo
 from cluster.transport.auth import InsecureClusterError, Token, resolve_token
-from cluster.transport.deadline import Deadline
 from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
 from cluster.transport.server import TaskServer
 
@@ -154,11 +155,12 @@ def test_peer_that_closes_cleanly_fails_only_waits_on_it(data_plane: str) -> Non
 
 
 def test_token_policy_allows_loopback_without_token_and_refuses_remote() -> None:
-    assert resolve_token(["127.0.0.1:1", "localhost:2"], {}).value is None
+    env = TaskSettings.from_env
+    assert resolve_token(["127.0.0.1:1", "localhost:2"], env({})).value is None
     with pytest.raises(InsecureClusterError, match="CLUSTER_TOKEN.*10.0.0.2:2222"):
-        resolve_token(["127.0.0.1:1", "10.0.0.2:2222"], {})
-    assert resolve_token(["10.0.0.2:2222"], {"CLUSTER_ALLOW_INSECURE": "1"}).value is None
-    assert resolve_token(["10.0.0.2:2222"], {"CLUSTER_TOKEN": "s3cret"}).value == "s3cret"
+        resolve_token(["127.0.0.1:1", "10.0.0.2:2222"], env({}))
+    assert resolve_token(["10.0.0.2:2222"], env({"CLUSTER_ALLOW_INSECURE": "1"})).value is None
+    assert resolve_token(["10.0.0.2:2222"], env({"CLUSTER_TOKEN": "s3cret"})).value == "s3cret"
 
 
 def test_token_never_appears_in_repr() -> None:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.testing import run_group
 from cluster.transport.api import MessageKey
-from cluster.transport.deadline import Deadline
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
+from cluster.deadline import Deadline
 from cluster.errors import UnauthenticatedError
 from cluster.transport import _wire, tcp
 from cluster.transport._sockio import recv_exact
 from cluster.transport.api import MessageKey, PeerInfo
 from cluster.transport.auth import Token
-from cluster.transport.deadline import Deadline
 from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
 from cluster.transport.server import TaskServer
 from cluster.transport.tcp import DataPlane

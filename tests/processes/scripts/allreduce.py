@@ -28,7 +28,7 @@ if args.pidfile_dir:
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(path + ".tmp", path)
-group = CollectiveGroup(rt.collective_transport())
+group = CollectiveGroup(rt.collective_transport(), settings=rt.settings.collectives)
 total = group.all_reduce(np.ones(4, np.float32), ReduceOp.SUM)
 print(f"{rt.task} all_reduce -> {total.tolist()}", flush=True)
 if args.check_token:

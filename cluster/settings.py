@@ -1,0 +1,173 @@
+"""Every ``CLUSTER_*`` setting of a task, read from the environment once, at the edge.
+
+The process entry points (``python -m worker``, ``python -m ps``, :func:`cluster.runtime.start`)
+call :meth:`TaskSettings.from_env`; everything below them receives the frozen result (or the part
+it needs) as an argument and never reads ``os.environ`` itself (``tests/test_layers.py`` checks
+this). Bad values raise :class:`~cluster.errors.TaskConfigError` naming the variable, the value
+and what would be accepted::
+
+    settings = TaskSettings.from_env()                 # os.environ
+    settings = TaskSettings.from_env({"CLUSTER_DATA_PLANE": "grpc"})
+    settings = TaskSettings(connect_timeout=5.0)       # tests: no environment at all
+
+The README's "Environment variables" table lists the same variables; ``ENV_VARS`` is the list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cluster.collectives.options import CollectiveSettings
+from cluster.errors import TaskConfigError
+
+__all__ = [
+    "DATA_PLANES",
+    "ENV_ALLOW_INSECURE",
+    "ENV_CONNECT_TIMEOUT",
+    "ENV_DATA_PLANE",
+    "ENV_ERROR_FILE",
+    "ENV_FUNCTION_TIMEOUT",
+    "ENV_HEARTBEAT_INTERVAL",
+    "ENV_HEARTBEAT_TIMEOUT",
+    "ENV_LAUNCHER_PID",
+    "ENV_RESTART_COUNT",
+    "ENV_TOKEN",
+    "ENV_VARS",
+    "TaskSettings",
+    "parse_seconds",
+]
+
+ENV_CONNECT_TIMEOUT = "CLUSTER_CONNECT_TIMEOUT"
+ENV_HEARTBEAT_INTERVAL = "CLUSTER_HEARTBEAT_INTERVAL"
+ENV_HEARTBEAT_TIMEOUT = "CLUSTER_HEARTBEAT_TIMEOUT"
+ENV_FUNCTION_TIMEOUT = "CLUSTER_FUNCTION_TIMEOUT"
+ENV_DATA_PLANE = "CLUSTER_DATA_PLANE"
+ENV_TOKEN = "CLUSTER_TOKEN"
+ENV_ALLOW_INSECURE = "CLUSTER_ALLOW_INSECURE"
+ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
+ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
+ENV_RESTART_COUNT = "CLUSTER_RESTART_COUNT"
+
+DATA_PLANES = ("tcp", "grpc")
+
+# Seconds-valued settings: (field, variable).
+_SECONDS = (
+    ("connect_timeout", ENV_CONNECT_TIMEOUT),
+    ("heartbeat_interval", ENV_HEARTBEAT_INTERVAL),
+    ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT),
+    ("function_timeout", ENV_FUNCTION_TIMEOUT),
+)
+
+
+def parse_seconds(name: str, text: str) -> float:
+    """``text`` as a number of seconds > 0; :class:`TaskConfigError` naming ``name`` otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also rejects nan
+        raise TaskConfigError(f"{name}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """The settings of one task; defaults are what a task gets with no ``CLUSTER_*`` variable.
+
+    Timeouts (seconds): ``connect_timeout`` bounds waiting for peers (health checks, the
+    collective handshake); a peer is lost after ``heartbeat_timeout`` without a heartbeat (sent
+    every ``heartbeat_interval``); failure reports to peers take at most ``report_timeout``; a
+    function a :class:`~cluster.coordinator.ClusterCoordinator` runs on a worker may take
+    ``function_timeout``.
+
+    Others: ``data_plane`` carries collective tensors (``tcp`` or ``grpc``); ``collectives``
+    forces the collective path or algorithm; ``token`` is ``CLUSTER_TOKEN`` (never shown by
+    ``repr``), ``allow_insecure`` is ``CLUSTER_ALLOW_INSECURE=1``; ``launcher_pid`` is the
+    launcher a task stops with; ``error_file`` is where a failed task leaves its error record;
+    ``restart_count`` is the attempt number the launcher gives (0 on the first).
+    """
+
+    connect_timeout: float = 60.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    report_timeout: float = 2.0
+    function_timeout: float = 3600.0
+    data_plane: str = "tcp"
+    collectives: CollectiveSettings = field(default_factory=CollectiveSettings)
+    token: str | None = field(default=None, repr=False)
+    allow_insecure: bool = False
+    launcher_pid: int | None = None
+    error_file: str | None = None
+    restart_count: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
+                     "report_timeout", "function_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.data_plane not in DATA_PLANES:
+            raise ValueError(f"data_plane must be one of {', '.join(DATA_PLANES)}, "
+                             f"got {self.data_plane!r}")
+
+    def replace(self, **changes) -> TaskSettings:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TaskSettings:
+        """The defaults overridden by the ``CLUSTER_*`` variables of ``environ`` (default
+        ``os.environ``). Unset or empty variables keep their default.
+
+        Raises:
+            TaskConfigError: a variable has a bad value; the message names it and the fix.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name, var in _SECONDS:
+            text = env.get(var, "").strip()
+            if text:
+                values[name] = parse_seconds(var, text)
+        plane = env.get(ENV_DATA_PLANE, "").strip().lower()
+        if plane:
+            if plane not in DATA_PLANES:
+                raise TaskConfigError(f"{ENV_DATA_PLANE}={plane!r} is not one of: "
+                                      f"{', '.join(DATA_PLANES)}")
+            values["data_plane"] = plane
+        try:
+            values["collectives"] = CollectiveSettings.from_env(env)
+        except ValueError as e:
+            raise TaskConfigError(str(e)) from None
+        values["token"] = env.get(ENV_TOKEN) or None
+        insecure = env.get(ENV_ALLOW_INSECURE, "").strip()
+        if insecure not in ("", "0", "1"):
+            raise TaskConfigError(f"{ENV_ALLOW_INSECURE}={insecure!r}: expected 1 (run without "
+                                  "authentication) or 0/unset")
+        values["allow_insecure"] = insecure == "1"
+        pid = env.get(ENV_LAUNCHER_PID, "").strip()
+        values["launcher_pid"] = int(pid) if pid.isdigit() else None
+        values["error_file"] = env.get(ENV_ERROR_FILE) or None
+        count = env.get(ENV_RESTART_COUNT, "").strip()
+        values["restart_count"] = int(count) if count.isdigit() else 0
+        return cls(**values)
+
+
+# (variable, default, meaning): the README's environment table is written from this list.
+ENV_VARS = (
+    ("TF_CONFIG", "unset",
+     "The cluster and this task (Kubeflow's TFJob format); read by `resolver`."),
+    (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
+    (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
+    (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
+    (ENV_HEARTBEAT_INTERVAL, "1", "Seconds between heartbeats."),
+    (ENV_HEARTBEAT_TIMEOUT, "5", "Seconds of silence after which a peer is lost."),
+    (ENV_FUNCTION_TIMEOUT, "3600", "Seconds a coordinator's function may run on a worker."),
+    (ENV_DATA_PLANE, "tcp", "`tcp` or `grpc`: how collective tensors travel."),
+    ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
+    ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring` or `doubling` forces the all-reduce."),
+    (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),
+    (ENV_ERROR_FILE, "unset", "Set by clusterctl: where a failed task writes its error record."),
+    (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),
+)
