@@ -12,6 +12,7 @@ __all__ = [
     "AddressInUseError",
     "ClusterError",
     "ClusterFileError",
+    "ClusterSpecMismatchError",
     "CollectiveAbortedError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
@@ -80,6 +81,12 @@ class TaskConfigError(ClusterError, ValueError):
 
     Raised for a missing or malformed ``TF_CONFIG``, a task that is not in the cluster, an address
     that is not ``host:port``; the message names the variable, the task and how to fix it.
+    """
+
+
+class ClusterSpecMismatchError(TaskConfigError):
+    """A peer sees a different cluster: another task answers at an address, or the group's size
+    or ranks differ. Every task must be given the same cluster (the same ``TF_CONFIG`` cluster).
     """
 
 

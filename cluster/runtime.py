@@ -19,9 +19,8 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from collections.abc import Callable, Mapping
-
-import grpc
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cluster._placement import Placement, collective_members, resolve_placement
 from cluster.deadline import Deadline
@@ -33,16 +32,19 @@ from cluster.errors import (
     PeerUnavailableError,
     TaskConfigError,
     TransportClosedError,
-    UnauthenticatedError,
 )
 from cluster.settings import TaskSettings
-from cluster.transport._pb import control_pb2
+from cluster.transport._grpc_errors import spec_mismatch
 from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token, resolve_token
-from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
-from cluster.transport.health import SERVICE as CONTROL_SERVICE
-from cluster.transport.server import CHANNEL_OPTIONS, TaskServer
+from cluster.transport.control_client import ControlClient
+from cluster.transport.endpoint import CollectiveEndpoint
+from cluster.transport.network import NetworkTransport
+from cluster.transport.server import ServiceHandlers, TaskServer
 from resolver import ClusterResolver, TFConfigClusterResolver
+
+if TYPE_CHECKING:
+    from cluster.transport._pb.control_pb2 import FailureReport
 
 __all__ = ["TaskRuntime", "current", "start"]
 
@@ -67,7 +69,7 @@ class TaskRuntime:
 
     def __init__(self, placement: Placement, resolver: ClusterResolver, token: Token,
                  settings: TaskSettings | None = None,
-                 services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None
+                 services: ServiceHandlers | None = None
                  ) -> None:
         self.placement = placement
         self.task_type = placement.task_type
@@ -93,8 +95,8 @@ class TaskRuntime:
         self.control.on_shutdown = self._on_shutdown
         self._lock = threading.Lock()  # creation of the transport, shutdown
         self._state = threading.Lock()  # small state updates from RPC threads
-        self._transport: GrpcTransport | None = None
-        self._channels: dict[str, grpc.Channel] = {}
+        self._transport: NetworkTransport | None = None
+        self._control = ControlClient(self.task, token)
         self._peer_failure: PeerFailedError | None = None
         self._failed = threading.Event()
         self._shutdown_requested = threading.Event()
@@ -122,12 +124,6 @@ class TaskRuntime:
         """Every other task of the cluster as ``(task, address)``, in cluster order."""
         return [(t, a) for t, a in self.placement.tasks() if t != self.task]
 
-    def _channel(self, task: str, address: str) -> grpc.Channel:
-        with self._state:
-            if task not in self._channels:
-                self._channels[task] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            return self._channels[task]
-
     def _raise_if_peer_failed(self) -> None:
         failure = self._peer_failure
         if failure is not None:
@@ -144,7 +140,7 @@ class TaskRuntime:
             PeersNotReadyError: listing each task that never came up, with its address and the
                 last status seen, once ``deadline`` (default ``settings.connect_timeout``) passes.
             PeerFailedError: a peer reported a failure meanwhile.
-            TaskConfigError: an address answers as another task (the specs differ).
+            ClusterSpecMismatchError: an address answers as another task (the specs differ).
             UnauthenticatedError: a peer refused our token.
         """
         budget = self.settings.connect_timeout
@@ -154,36 +150,16 @@ class TaskRuntime:
         status = dict.fromkeys(pending, "no answer")
         while pending:
             self._raise_if_peer_failed()
-            calls = {}
-            for task, address in pending.items():
-                method = self._channel(task, address).unary_unary(
-                    f"/{CONTROL_SERVICE}/Check",
-                    request_serializer=control_pb2.HealthCheckRequest.SerializeToString,
-                    response_deserializer=control_pb2.HealthCheckResponse.FromString)
-                calls[task] = method.future(
-                    control_pb2.HealthCheckRequest(expected_task=task),
-                    timeout=max(0.05, min(1.0, deadline.remaining())),
-                    metadata=self.token.metadata, wait_for_ready=True)
-            for task, call in calls.items():
-                try:
-                    reply = call.result()
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                        raise UnauthenticatedError(
-                            f"{task} ({pending[task]}) refused {self.task}'s health check: "
-                            "missing or wrong cluster token (CLUSTER_TOKEN must be the same on "
-                            "every task)") from e
-                    status[task] = e.code().name
-                    continue
-                if reply.status == control_pb2.HealthCheckResponse.SERVING:
+            answers = self._control.check(pending, timeout=max(0.05, min(1.0,
+                                                                          deadline.remaining())))
+            for task, answer in answers.items():
+                if answer.serving:
                     del pending[task]
-                elif reply.status == control_pb2.HealthCheckResponse.WRONG_TASK:
-                    raise TaskConfigError(
-                        f"{self.task}: {pending[task]} answers as {reply.task}, expected {task}:"
-                        " the cluster spec differs between tasks")
+                elif answer.wrong_task:
+                    raise spec_mismatch(
+                        f"{self.task}: {pending[task]} answers as {answer.task}, expected {task}")
                 else:
-                    status[task] = control_pb2.HealthCheckResponse.ServingStatus.Name(
-                        reply.status)
+                    status[task] = answer.status
             if not pending:
                 return
             if deadline.expired:
@@ -218,7 +194,7 @@ class TaskRuntime:
                     f"{self.task} is not in the collective group (chief and workers: "
                     f"{', '.join(names)})")
             peers = [PeerInfo(r, t, a) for r, (t, a) in enumerate(members)]
-            transport = GrpcTransport(self._endpoint, names.index(self.task), peers, self.token,
+            transport = NetworkTransport(self._endpoint, names.index(self.task), peers, self.token,
                                       heartbeat_timeout=self.settings.heartbeat_timeout,
                                       data_plane=self.settings.data_plane)
             transport.connect(deadline or Deadline.after(self.settings.connect_timeout))
@@ -244,7 +220,7 @@ class TaskRuntime:
         if failure is not None:
             callback(failure)
 
-    def _on_failure_report(self, report: control_pb2.FailureReport) -> None:
+    def _on_failure_report(self, report: FailureReport) -> None:
         error = PeerFailedError(
             f"{report.task} failed: {report.error_type}: {report.message}", task=report.task,
             error_type=report.error_type, error_message=report.message,
@@ -286,31 +262,11 @@ class TaskRuntime:
         if transport is not None and not transport.closed:
             transport.abort(f"{error_type}: {message}" if root == self.task
                             else f"{root} failed: {error_type}: {message}")
-        report = control_pb2.FailureReport(task=root, error_type=error_type, message=message,
-                                           exit_code=exit_code)
-        self._broadcast("ReportFailure", report, control_pb2.FailureAck)
-
-    def _broadcast(self, method_name: str, request, reply_type,
-                   tasks: list[tuple[str, str]] | None = None) -> dict[str, str]:
-        """Call ``method_name`` on every peer at once; ``{task: error}`` for those that failed."""
-        deadline = Deadline.after(self.settings.report_timeout)
-        calls = {}
-        for task, address in tasks if tasks is not None else self.peers():
-            method = self._channel(task, address).unary_unary(
-                f"/{CONTROL_SERVICE}/{method_name}",
-                request_serializer=type(request).SerializeToString,
-                response_deserializer=reply_type.FromString)
-            calls[task] = method.future(request, timeout=deadline.remaining(),
-                                        metadata=self.token.metadata)
-        errors = {}
-        for task, call in calls.items():
-            try:
-                call.result()
-            except grpc.RpcError as e:
-                errors[task] = e.code().name
+        errors = self._control.report_failure(
+            self.peers(), Deadline.after(self.settings.report_timeout), task=root,
+            error_type=error_type, message=message, exit_code=exit_code)
         if errors:
-            log.debug("%s: %s not delivered to %s", self.task, method_name, errors)
-        return errors
+            log.debug("%s: failure report not delivered to %s", self.task, errors)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -329,8 +285,7 @@ class TaskRuntime:
 
     def shutdown_tasks(self, tasks: list[tuple[str, str]], reason: str) -> dict[str, str]:
         """Send a Shutdown RPC to ``tasks``; ``{task: error}`` for those not reached."""
-        return self._broadcast("Shutdown", control_pb2.ShutdownRequest(reason=reason),
-                               control_pb2.ShutdownReply, tasks)
+        return self._control.shutdown(tasks, Deadline.after(self.settings.report_timeout), reason)
 
     def shutdown(self, grace: float = 0.5) -> None:
         """Close the transport, end heartbeat streams cleanly, stop serving. Idempotent."""
@@ -344,8 +299,7 @@ class TaskRuntime:
             if transport is not None:
                 transport.close(Deadline.after(2.0))
             self.control.stop()
-            for channel in self._channels.values():
-                channel.close()
+            self._control.close()
             self._server.stop(grace)
         with _module_lock:
             if _current is self:
@@ -367,7 +321,7 @@ def current() -> TaskRuntime | None:
 
 def start(resolver: ClusterResolver | None = None, *,
           connect_timeout: float | None = None,
-          services: Mapping[str, Mapping[str, grpc.RpcMethodHandler]] | None = None,
+          services: ServiceHandlers | None = None,
           settings: TaskSettings | None = None) -> TaskRuntime:
     """Start this process's task runtime, or return it if it already runs the same task.
 

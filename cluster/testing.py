@@ -52,7 +52,8 @@ def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
     from cluster.settings import TaskSettings
     from cluster.transport.api import PeerInfo
     from cluster.transport.auth import Token
-    from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
+    from cluster.transport.endpoint import CollectiveEndpoint
+    from cluster.transport.network import NetworkTransport
     from cluster.transport.server import TaskServer
 
     settings = TaskSettings.from_env()
@@ -64,7 +65,7 @@ def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
     conn.send(server.port)
     ports = conn.recv()
     peers = [PeerInfo(r, f"worker:{r}", f"127.0.0.1:{p}") for r, p in enumerate(ports)]
-    transport = GrpcTransport(endpoint, rank, peers, token,
+    transport = NetworkTransport(endpoint, rank, peers, token,
                               heartbeat_timeout=options["hb_timeout"],
                               data_plane=settings.data_plane)
     start = time.monotonic()

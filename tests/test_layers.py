@@ -81,3 +81,56 @@ def test_the_environment_check_finds_a_reader() -> None:
     assert _reads_environment(ast.parse("import os\nx = os.environ.get('A')")) == [2]
     assert _reads_environment(ast.parse("from os import getenv")) == [1]
     assert _reads_environment(ast.parse("import os\nx = os.path.join('a')")) == []
+
+
+# gRPC stays at the edge (STYLE.md practice 1): the transport package and the servicers of the
+# process entry points. Everything else talks to peers through cluster/transport/'s clients.
+_GRPC_USERS = ("cluster/transport/", "worker/servicer.py", "ps/servicer.py")
+
+
+def test_only_the_transport_and_the_servicers_import_grpc() -> None:
+    offenders = []
+    for package in ("cluster", "worker", "ps", "resolver"):
+        for module, names in _imported_top_levels(package).items():
+            if "grpc" in names and not module.startswith(_GRPC_USERS):
+                offenders.append(module)
+    assert not offenders, f"only cluster/transport/ and the servicers may import grpc: {offenders}"
+
+
+def _reads_status_codes(tree: ast.AST) -> list[int]:
+    """Lines that read a call's status: ``.code()`` calls, or ``StatusCode`` outside a call that
+    sets one (``context.abort(grpc.StatusCode.X, ...)`` produces a status, it maps nothing)."""
+    produced: set[int] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("abort", "set_code") and node.args):
+            produced.add(id(node.args[0]))
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "code" and not node.args):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+              and node.value.attr == "StatusCode" and id(node) not in produced):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_maps_grpc_status_codes() -> None:
+    offenders = {}
+    for package in ("cluster", "worker", "ps"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            if rel == "cluster/transport/_grpc_errors.py" or "/_pb/" in rel:
+                continue
+            lines = _reads_status_codes(ast.parse(path.read_text(), filename=rel))
+            if lines:
+                offenders[rel] = lines
+    assert not offenders, f"map gRPC status codes in cluster/transport/_grpc_errors.py: {offenders}"
+
+
+def test_the_status_code_check_finds_a_reader() -> None:
+    reader = "if e.code() == grpc.StatusCode.UNAVAILABLE: pass"
+    assert _reads_status_codes(ast.parse(reader)) == [1, 1]
+    producer = "context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'bad')"
+    assert _reads_status_codes(ast.parse(producer)) == []

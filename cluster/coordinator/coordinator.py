@@ -59,8 +59,8 @@ from cluster.strategies._ps_variables import SyncSlot
 from cluster.strategies.parameter_server import ParameterServerStrategy
 from cluster.transport._pb import control_pb2, coordinator_pb2
 from cluster.transport.api import PeerInfo
-from cluster.transport.health import SERVICE as CONTROL_SERVICE
-from cluster.transport.health import HeartbeatMonitor
+from cluster.transport.control import SERVICE as CONTROL_SERVICE
+from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
 
 __all__ = ["ClusterCoordinator"]

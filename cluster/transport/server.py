@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from concurrent import futures
 
 import grpc
 
 from cluster.transport.auth import Token, TokenInterceptor
 
-__all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "TaskServer"]
+__all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers", "TaskServer"]
+
+ServiceHandlers = Mapping[str, Mapping[str, grpc.RpcMethodHandler]]
+"""More services of a task: ``{service name: {method: handler}}``."""
 
 log = logging.getLogger(__name__)
 
 _UNLIMITED = -1
-# Tensor frames are bounded by the sender (see grpc_transport.MAX_FRAME_BYTES), so message size
+# Tensor frames are bounded by the sender (see _grpc_plane.MAX_FRAME_BYTES), so message size
 # limits only get in the way; ports must never be shared silently (grpcio's SO_REUSEPORT default).
 # Bulk tensor streams: HTTP/2 frames as large as the protocol allows (default 16 KiB) and large
 # socket reads cut per-byte overhead of bare grpcio by about 10% on 4 MiB messages both ways

@@ -2,11 +2,11 @@
 
 gRPC stays the control plane (Hello, heartbeats, Abort: all authenticated by the token
 interceptor); this module only moves payloads, because bare grpcio tops out near 1 GB/s per
-direction here while a plain socket does ~3-4 GB/s (ANCHORS.md). Each rank listens on one extra
-port, bound to the host of its gRPC address and advertised to peers in the authenticated Hello
-reply. Each rank opens one connection to each peer it sends to (one per direction) and
-authenticates it with the challenge-response of :mod:`~cluster.transport._wire` before any
-frame is read.
+direction here while a plain socket does ~3-4 GB/s (``bench/allreduce.py --planes``). Each rank
+listens on one extra port, bound to the host of its gRPC address and advertised to peers in the
+authenticated Hello reply. Each rank opens one connection to each peer it sends to (one per
+direction) and authenticates it with the challenge-response of
+:mod:`~cluster.transport._tcp_protocol` before any frame is read.
 
 Data path, chosen for this 2-core machine:
 
@@ -41,11 +41,11 @@ from cluster.errors import (
     TransportClosedError,
     UnauthenticatedError,
 )
-from cluster.transport import _wire
+from cluster.transport import _tcp_protocol as wire
 from cluster.transport._sockio import Reader, recv_exact, shutdown, tune
 from cluster.transport.api import MessageKey, PeerInfo, Received
 
-__all__ = ["DataPlane"]
+__all__ = ["TcpDataPlane"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class _Outbound:
             try:
                 if self.error is None:
                     self.sock.settimeout(max(min(deadline.remaining(), 1.0), 0.01))
-                    self.sock.sendall(_wire.encode_header(_wire.BYE, b"", b"", 0, 0, 0, 0))
+                    self.sock.sendall(wire.encode_header(wire.BYE, b"", b"", 0, 0, 0, 0))
                     self.error = TransportClosedError(f"connection to {self.peer} is closed")
             except OSError:
                 pass  # a peer that is gone needs no goodbye
@@ -122,13 +122,18 @@ class _Refused(Exception):
     """An inbound connection failed the handshake; the message says why (for the log only)."""
 
 
-class DataPlane:
+class TcpDataPlane:
     """One rank's TCP data connections: a listener for inbound ones, one outbound per peer.
+
+    A :class:`~cluster.transport.dataplane.DataPlane`; ``port`` is the listener's port, which
+    the rank advertises in its authenticated Hello reply, and :meth:`connect` opens a route.
 
     ``on_message(src, key, received)`` files a delivered message; ``on_lost(src, why)`` and
     ``on_departed(src)`` report an inbound connection that broke or said goodbye. Callbacks run
     on receiver threads.
     """
+
+    name = "tcp"
 
     def __init__(
         self,
@@ -191,23 +196,23 @@ class DataPlane:
             f"{peer} refused {self._me.task}'s data connection: CLUSTER_TOKEN or the cluster "
             "spec differs between tasks")
         try:
-            first = recv_exact(sock, _wire.SERVER_HELLO_BYTES)
+            first = recv_exact(sock, wire.SERVER_HELLO_BYTES)
         except EOFError as e:
             raise refused from e
-        if not first.startswith(_wire.MAGIC):
+        if not first.startswith(wire.MAGIC):
             raise UnauthenticatedError(f"{peer}'s data port speaks another protocol")
-        server_nonce = first[len(_wire.MAGIC):]
-        nonce = _wire.new_nonce()
+        server_nonce = first[len(wire.MAGIC):]
+        nonce = wire.new_nonce()
         facts = (server_nonce, nonce, self._me.rank, peer.rank, len(self._peers),
                  self._me.task, peer.task)
-        mac = _wire.client_mac(self._key, *facts)
-        sock.sendall(_wire.HELLO.pack(_wire.MAGIC, self._me.rank, peer.rank, len(self._peers),
+        mac = wire.client_mac(self._key, *facts)
+        sock.sendall(wire.HELLO.pack(wire.MAGIC, self._me.rank, peer.rank, len(self._peers),
                                       nonce, mac))
         try:
-            proof = recv_exact(sock, _wire.SERVER_PROOF_BYTES)
+            proof = recv_exact(sock, wire.SERVER_PROOF_BYTES)
         except EOFError as e:
             raise refused from e
-        expected = _wire.MAGIC + _wire.server_mac(self._key, *facts)
+        expected = wire.MAGIC + wire.server_mac(self._key, *facts)
         if not hmac.compare_digest(proof, expected):
             raise UnauthenticatedError(f"{peer} failed to prove it holds the cluster token")
 
@@ -218,7 +223,7 @@ class DataPlane:
         group = self._groups.get(key.group)
         if group is None:
             group = self._groups[key.group] = key.group.encode()
-        header = _wire.encode_header(_wire.DATA, group, signature.encode(), key.step, key.chunk,
+        header = wire.encode_header(wire.DATA, group, signature.encode(), key.step, key.chunk,
                                      key.seq, len(payload))
         out.send(header, payload, deadline, key, self._closing)
 
@@ -290,17 +295,17 @@ class DataPlane:
 
     def _check_proof(self, conn: socket.socket) -> int:
         conn.settimeout(HANDSHAKE_TIMEOUT)
-        nonce = _wire.new_nonce()
-        conn.sendall(_wire.MAGIC + nonce)
-        magic = recv_exact(conn, len(_wire.MAGIC))  # turn strangers away before the rest
-        if magic != _wire.MAGIC:
+        nonce = wire.new_nonce()
+        conn.sendall(wire.MAGIC + nonce)
+        magic = recv_exact(conn, len(wire.MAGIC))  # turn strangers away before the rest
+        if magic != wire.MAGIC:
             raise _Refused("not a cluster-runtime data connection")
-        _, src, dst, world, client_nonce, mac = _wire.HELLO.unpack(
-            magic + recv_exact(conn, _wire.HELLO.size - len(magic)))
+        _, src, dst, world, client_nonce, mac = wire.HELLO.unpack(
+            magic + recv_exact(conn, wire.HELLO.size - len(magic)))
         if not 0 <= src < len(self._peers) or src == self._me.rank:
             raise _Refused(f"caller claims rank {src}, not a peer")
         facts = (nonce, client_nonce, src, dst, world, self._peers[src].task, self._me.task)
-        if not hmac.compare_digest(mac, _wire.client_mac(self._key, *facts)):
+        if not hmac.compare_digest(mac, wire.client_mac(self._key, *facts)):
             raise _Refused(f"caller claiming to be {self._peers[src].task} failed to prove it "
                            "holds the cluster token")
         if dst != self._me.rank or world != len(self._peers):
@@ -309,7 +314,7 @@ class DataPlane:
             if src in self._inbound or self._closing.is_set():
                 raise _Refused(f"{self._peers[src]} is already connected")
             self._inbound[src] = conn
-        conn.sendall(_wire.MAGIC + _wire.server_mac(self._key, *facts))
+        conn.sendall(wire.MAGIC + wire.server_mac(self._key, *facts))
         tune(conn)
         conn.settimeout(None)  # the receiver waits for data for as long as the group lives
         return src
@@ -320,10 +325,10 @@ class DataPlane:
         groups: dict[bytes, str] = {}
         deliver = self._on_message
         posted = self._posted
-        size = _wire.FRAME.size
+        size = wire.FRAME.size
         while True:
-            h = _wire.decode_header(reader.take(size))
-            if h.kind == _wire.BYE:
+            h = wire.decode_header(reader.take(size))
+            if h.kind == wire.BYE:
                 return
             names = bytes(reader.take(h.group_len + h.signature_len))
             raw_group = names[:h.group_len]

@@ -10,14 +10,15 @@ import pytest
 from cluster.deadline import Deadline
 from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token
-from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
+from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.inproc import InProcessHub
+from cluster.transport.network import NetworkTransport
 from cluster.transport.server import TaskServer
 
 TOKEN = Token("test-secret-token")
 
 
-class GrpcGroup:
+class NetworkGroup:
     """N gRPC transports in this process, each with its own server on a loopback port."""
 
     def __init__(self, n: int, token: Token = TOKEN, **transport_kwargs) -> None:
@@ -30,12 +31,12 @@ class GrpcGroup:
             server.start()
         self.peers = [PeerInfo(r, f"worker:{r}", s.address) for r, s in enumerate(self.servers)]
         self.transports = [
-            GrpcTransport(e, r, self.peers, token, **transport_kwargs)
+            NetworkTransport(e, r, self.peers, token, **transport_kwargs)
             for r, e in enumerate(self.endpoints)
         ]
         errors: list[BaseException] = []
 
-        def connect(t: GrpcTransport) -> None:
+        def connect(t: NetworkTransport) -> None:
             try:
                 t.connect(Deadline.after(10))
             except BaseException as e:  # surfaced below
@@ -61,10 +62,10 @@ class GrpcGroup:
 def make_group(request) -> Iterator[Callable[..., list[Transport]]]:
     """``make_group(n, **kwargs)`` -> n connected transports of the parametrised kind.
 
-    ``grpc`` and ``tcp`` are both :class:`GrpcTransport`, with tensor bytes on the gRPC Exchange
+    ``grpc`` and ``tcp`` are both :class:`NetworkTransport`, with tensor bytes on the gRPC Exchange
     streams or on the raw TCP data plane.
     """
-    groups: list[GrpcGroup] = []
+    groups: list[NetworkGroup] = []
     hubs: list[InProcessHub] = []
 
     def make(n: int, **kwargs) -> list[Transport]:
@@ -72,7 +73,7 @@ def make_group(request) -> Iterator[Callable[..., list[Transport]]]:
             hub = InProcessHub(n)
             hubs.append(hub)
             return hub.transports
-        group = GrpcGroup(n, data_plane=request.param, **kwargs)
+        group = NetworkGroup(n, data_plane=request.param, **kwargs)
         groups.append(group)
         return group.transports
 

@@ -173,9 +173,9 @@ def test_posted_buffer_receives_the_payload_or_is_left_alone(make_group) -> None
 
 
 def test_tcp_lands_a_posted_payload_in_place() -> None:
-    from .conftest import GrpcGroup
+    from .conftest import NetworkGroup
 
-    group = GrpcGroup(2, data_plane="tcp")
+    group = NetworkGroup(2, data_plane="tcp")
     try:
         a, b = group.transports
         x = np.arange(100_000, dtype=np.float32)

@@ -14,10 +14,11 @@ from cluster.transport import _framing
 from cluster.transport._pb import collective_pb2, control_pb2
 from cluster.transport.api import MessageKey, PeerInfo
 from cluster.transport.auth import InsecureClusterError, Token, resolve_token
-from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
+from cluster.transport.endpoint import CollectiveEndpoint
+from cluster.transport.network import NetworkTransport
 from cluster.transport.server import TaskServer
 
-from .conftest import TOKEN, GrpcGroup
+from .conftest import TOKEN, NetworkGroup
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -68,7 +69,7 @@ def test_unauthenticated_stream_is_refused_before_any_frame_is_handled(server) -
 
 
 def test_malformed_frame_gets_invalid_argument_and_server_keeps_serving() -> None:
-    group = GrpcGroup(2)
+    group = NetworkGroup(2)
     try:
         with grpc.insecure_channel(group.servers[1].address) as channel:
             md = (*TOKEN.metadata, ("x-src-rank", "0"))
@@ -81,7 +82,7 @@ def test_malformed_frame_gets_invalid_argument_and_server_keeps_serving() -> Non
 
 
 def test_frame_claiming_another_rank_is_rejected() -> None:
-    group = GrpcGroup(3)
+    group = NetworkGroup(3)
     try:
         with grpc.insecure_channel(group.servers[2].address) as channel:
             header = collective_pb2.Frame(src_rank=1, group="g", total_bytes=1)
@@ -101,8 +102,8 @@ def test_wrong_token_on_a_peer_fails_connect_with_unauthenticated_error() -> Non
     other_endpoint = CollectiveEndpoint.install(other, "worker:1")
     other.start()
     peers = [PeerInfo(0, "worker:0", srv.address), PeerInfo(1, "worker:1", other.address)]
-    GrpcTransport(endpoint, 0, peers, TOKEN)
-    t1 = GrpcTransport(other_endpoint, 1, peers, Token("another-secret"))
+    NetworkTransport(endpoint, 0, peers, TOKEN)
+    t1 = NetworkTransport(other_endpoint, 1, peers, Token("another-secret"))
     try:
         with pytest.raises(UnauthenticatedError) as info:
             t1.connect(Deadline.after(5))
@@ -128,7 +129,7 @@ def test_connect_to_a_closed_port_names_the_missing_peer_and_address() -> None:
     srv.start()
     peers = [PeerInfo(0, "worker:0", srv.address),
              PeerInfo(1, "worker:1", f"127.0.0.1:{dead_port}")]
-    t = GrpcTransport(endpoint, 0, peers, TOKEN)
+    t = NetworkTransport(endpoint, 0, peers, TOKEN)
     try:
         with pytest.raises(PeerUnavailableError, match=rf"worker:1 \(127.0.0.1:{dead_port}\)"):
             t.connect(Deadline.after(1.0))
@@ -138,7 +139,7 @@ def test_connect_to_a_closed_port_names_the_missing_peer_and_address() -> None:
 
 @pytest.mark.parametrize("data_plane", ["grpc", "tcp"])
 def test_peer_that_closes_cleanly_fails_only_waits_on_it(data_plane: str) -> None:
-    group = GrpcGroup(3, data_plane=data_plane)
+    group = NetworkGroup(3, data_plane=data_plane)
     try:
         a, b, c = group.transports
         b.send(0, MessageKey("g", 0, 0), b"last words", deadline=Deadline.after(5))

@@ -10,40 +10,42 @@ import pytest
 
 from cluster.deadline import Deadline
 from cluster.errors import UnauthenticatedError
-from cluster.transport import _wire, tcp
+from cluster.transport import _tcp_protocol as wire
+from cluster.transport import tcp
 from cluster.transport._sockio import recv_exact
 from cluster.transport.api import MessageKey, PeerInfo
 from cluster.transport.auth import Token
-from cluster.transport.grpc_transport import CollectiveEndpoint, GrpcTransport
+from cluster.transport.endpoint import CollectiveEndpoint
+from cluster.transport.network import NetworkTransport
 from cluster.transport.server import TaskServer
-from cluster.transport.tcp import DataPlane
+from cluster.transport.tcp import TcpDataPlane
 
-from .conftest import TOKEN, GrpcGroup
+from .conftest import TOKEN, NetworkGroup
 
 pytestmark = pytest.mark.timeout(30)
 
 KEY = MessageKey("g", 0, 0)
 
 
-def _round_trip(group: GrpcGroup, payload: bytes = b"still works") -> None:
+def _round_trip(group: NetworkGroup, payload: bytes = b"still works") -> None:
     a, b = group.transports[:2]
     a.send(1, KEY._replace(seq=hash(payload) & 0xFFFF), payload, deadline=Deadline.after(5))
     got = b.recv(0, KEY._replace(seq=hash(payload) & 0xFFFF), deadline=Deadline.after(5))
     assert bytes(got.payload) == payload
 
 
-def _data_port(group: GrpcGroup, rank: int) -> int:
-    return group.transports[rank]._data.port
+def _data_port(group: NetworkGroup, rank: int) -> int:
+    return group.transports[rank].data_port
 
 
 def _speak(port: int, key: bytes, src: int, dst: int, world: int, tasks: tuple[str, str]) -> bytes:
     """Run the connector's side of the handshake by hand; returns what the acceptor answered."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        first = recv_exact(s, _wire.SERVER_HELLO_BYTES)
-        assert first.startswith(_wire.MAGIC)
-        nonce = _wire.new_nonce()
-        mac = _wire.client_mac(key, first[len(_wire.MAGIC):], nonce, src, dst, world, *tasks)
-        s.sendall(_wire.HELLO.pack(_wire.MAGIC, src, dst, world, nonce, mac))
+        first = recv_exact(s, wire.SERVER_HELLO_BYTES)
+        assert first.startswith(wire.MAGIC)
+        nonce = wire.new_nonce()
+        mac = wire.client_mac(key, first[len(wire.MAGIC):], nonce, src, dst, world, *tasks)
+        s.sendall(wire.HELLO.pack(wire.MAGIC, src, dst, world, nonce, mac))
         try:
             return s.recv(1024)
         except ConnectionResetError:
@@ -52,7 +54,7 @@ def _speak(port: int, key: bytes, src: int, dst: int, world: int, tasks: tuple[s
 
 @pytest.fixture
 def group():
-    g = GrpcGroup(3, data_plane="tcp")
+    g = NetworkGroup(3, data_plane="tcp")
     yield g
     g.close()
 
@@ -70,7 +72,7 @@ def test_ranks_on_different_planes_interoperate() -> None:
     for s in servers:
         s.start()
     peers = [PeerInfo(r, f"worker:{r}", s.address) for r, s in enumerate(servers)]
-    ts = [GrpcTransport(e, r, peers, TOKEN, data_plane=p)
+    ts = [NetworkTransport(e, r, peers, TOKEN, data_plane=p)
           for r, (e, p) in enumerate(zip(endpoints, servers_planes, strict=True))]
     try:
         threads = [threading.Thread(target=t.connect, args=(Deadline.after(10),)) for t in ts]
@@ -107,17 +109,17 @@ def test_the_right_token_passes_the_same_handshake() -> None:
     # The control for the refusals above: the hand-written handshake, with the right key, for an
     # identity not connected yet, gets the acceptor's proof.
     peers = [PeerInfo(0, "worker:0", "127.0.0.1:1"), PeerInfo(1, "worker:1", "127.0.0.1:2")]
-    plane = DataPlane(peers[1], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
+    plane = TcpDataPlane(peers[1], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
                       on_lost=lambda *a: None, on_departed=lambda *a: None)
     try:
         answer = _speak(plane.port, b"k", 0, 1, 2, ("worker:0", "worker:1"))
-        assert answer.startswith(_wire.MAGIC) and len(answer) == _wire.SERVER_PROOF_BYTES
+        assert answer.startswith(wire.MAGIC) and len(answer) == wire.SERVER_PROOF_BYTES
     finally:
         plane.close(Deadline.after(2))
 
 
 @pytest.mark.parametrize("garbage", [b"GET / HTTP/1.1\r\n\r\n" * 4, b"\x00" * 200,
-                                     _wire.MAGIC + b"\xff" * 100])
+                                     wire.MAGIC + b"\xff" * 100])
 def test_garbage_on_the_data_port_is_refused_without_crashing(group, garbage) -> None:
     port = _data_port(group, 2)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -129,7 +131,7 @@ def test_garbage_on_the_data_port_is_refused_without_crashing(group, garbage) ->
                 data += chunk
         except ConnectionResetError:
             pass
-    assert len(data) <= _wire.SERVER_HELLO_BYTES  # only the challenge, never a proof
+    assert len(data) <= wire.SERVER_HELLO_BYTES  # only the challenge, never a proof
     _round_trip(group, b"after garbage")
     a, _, c = group.transports
     a.send(2, KEY, b"to the attacked rank", deadline=Deadline.after(5))
@@ -141,7 +143,7 @@ def test_silent_connection_does_not_block_peers_and_is_dropped(group, monkeypatc
     with socket.create_connection(("127.0.0.1", _data_port(group, 1)), timeout=5) as s:
         _round_trip(group, b"while a stranger idles")
         s.settimeout(5)
-        assert recv_exact(s, _wire.SERVER_HELLO_BYTES).startswith(_wire.MAGIC)
+        assert recv_exact(s, wire.SERVER_HELLO_BYTES).startswith(wire.MAGIC)
         assert s.recv(1) == b""  # dropped after the handshake timeout
 
 
@@ -151,8 +153,8 @@ def _fake_acceptor(proof: bytes) -> tuple[socket.socket, threading.Thread]:
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
-            conn.sendall(_wire.MAGIC + _wire.new_nonce())
-            recv_exact(conn, _wire.HELLO.size)
+            conn.sendall(wire.MAGIC + wire.new_nonce())
+            recv_exact(conn, wire.HELLO.size)
             conn.sendall(proof)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -160,11 +162,11 @@ def _fake_acceptor(proof: bytes) -> tuple[socket.socket, threading.Thread]:
     return listener, thread
 
 
-@pytest.mark.parametrize("proof", [_wire.MAGIC + b"\x00" * 32, b""], ids=["forged", "none"])
+@pytest.mark.parametrize("proof", [wire.MAGIC + b"\x00" * 32, b""], ids=["forged", "none"])
 def test_connector_refuses_an_acceptor_that_cannot_prove_the_token(proof) -> None:
     listener, thread = _fake_acceptor(proof)
     peers = [PeerInfo(0, "worker:0", "127.0.0.1:1"), PeerInfo(1, "worker:1", "127.0.0.1:2")]
-    plane = DataPlane(peers[0], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
+    plane = TcpDataPlane(peers[0], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
                       on_lost=lambda *a: None, on_departed=lambda *a: None)
     try:
         with pytest.raises(UnauthenticatedError, match="worker:1"):
@@ -185,13 +187,13 @@ def test_authenticated_peer_sending_a_bad_frame_is_reported_lost() -> None:
         lost.append((src, why))
         reported.set()
 
-    plane = DataPlane(peers[1], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
+    plane = TcpDataPlane(peers[1], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
                       on_lost=on_lost, on_departed=lambda *a: None)
-    sender = DataPlane(peers[0], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
+    sender = TcpDataPlane(peers[0], peers, b"k", "127.0.0.1", on_message=lambda *a: None,
                        on_lost=lambda *a: None, on_departed=lambda *a: None)
     try:
         sender.connect(peers[1], "127.0.0.1", plane.port, Deadline.after(5))
-        sender._outbound[1].sock.sendall(b"\x09" + b"\x00" * (_wire.FRAME.size - 1))
+        sender._outbound[1].sock.sendall(b"\x09" + b"\x00" * (wire.FRAME.size - 1))
         assert reported.wait(5)
         assert lost[0][0] == 0 and "WireError" in lost[0][1]
     finally:
@@ -200,7 +202,7 @@ def test_authenticated_peer_sending_a_bad_frame_is_reported_lost() -> None:
 
 
 def test_insecure_loopback_group_still_authenticates_data_connections() -> None:
-    group = GrpcGroup(2, token=Token(None), data_plane="tcp")
+    group = NetworkGroup(2, token=Token(None), data_plane="tcp")
     try:
         assert group.transports[0].data_planes == {1: "tcp"}
         assert _speak(_data_port(group, 1), b"some-key", 0, 1, 2, ("worker:0", "worker:1")) == b""
@@ -213,9 +215,9 @@ def test_unreachable_data_port_falls_back_to_grpc(monkeypatch, caplog) -> None:
     def refuse(self, peer, host, port, deadline):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(DataPlane, "connect", refuse)
-    with caplog.at_level(logging.WARNING, logger="cluster.transport.grpc_transport"):
-        group = GrpcGroup(2, data_plane="tcp")
+    monkeypatch.setattr(TcpDataPlane, "connect", refuse)
+    with caplog.at_level(logging.WARNING, logger="cluster.transport.network"):
+        group = NetworkGroup(2, data_plane="tcp")
     try:
         assert group.transports[0].data_planes == {1: "grpc"}
         assert "over gRPC" in caplog.text
@@ -226,7 +228,7 @@ def test_unreachable_data_port_falls_back_to_grpc(monkeypatch, caplog) -> None:
 
 def test_close_leaves_no_data_plane_threads() -> None:
     before = {t.ident for t in threading.enumerate()}
-    group = GrpcGroup(3, data_plane="tcp")
+    group = NetworkGroup(3, data_plane="tcp")
     _round_trip(group)
     group.close()
     left = [t.name for t in threading.enumerate()
@@ -239,7 +241,7 @@ def test_unknown_data_plane_is_a_clear_error() -> None:
     endpoint = CollectiveEndpoint.install(server, "worker:0")
     try:
         with pytest.raises(ValueError, match="CLUSTER_DATA_PLANE.*tcp, grpc.*'udp'"):
-            GrpcTransport(endpoint, 0, [PeerInfo(0, "worker:0", server.address)], TOKEN,
+            NetworkTransport(endpoint, 0, [PeerInfo(0, "worker:0", server.address)], TOKEN,
                           data_plane="udp")
     finally:
         server.stop(0)

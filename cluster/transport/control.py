@@ -1,4 +1,7 @@
-"""Health checks and heartbeats: how a task learns within seconds that a peer is gone.
+"""The ``Control`` service: health checks, heartbeats, failure reports and shutdown of a task.
+
+This is how a task learns within seconds that a peer is gone, and how it tells its peers that it
+failed (:mod:`~cluster.transport.control_client` is the caller's side of the unary methods).
 
 Server side, :class:`ControlService` answers ``Check`` and streams a ``HeartbeatResponse`` every
 ``interval`` seconds to each peer that watches it. Client side, :class:`HeartbeatMonitor` keeps
@@ -18,11 +21,12 @@ from collections.abc import Callable
 import grpc
 
 from cluster.errors import PeerUnavailableError
+from cluster.transport._grpc_errors import is_cancelled, status_name
 from cluster.transport._pb import control_pb2
 from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
 
-__all__ = ["ControlService", "HeartbeatMonitor"]
+__all__ = ["SERVICE", "ControlService", "HeartbeatMonitor"]
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +175,10 @@ class HeartbeatMonitor:
             for _ in call:
                 self._last_seen[peer.rank] = time.monotonic()
         except grpc.RpcError as e:
-            if self._closing.is_set() or e.code() == grpc.StatusCode.CANCELLED:
+            if self._closing.is_set() or is_cancelled(e):
                 return
             self._report(peer, PeerUnavailableError(
-                f"{peer} is unavailable: heartbeat stream broke ({e.code().name}: {e.details()})",
+                f"{peer} is unavailable: heartbeat stream broke ({status_name(e)}: {e.details()})",
                 task=peer.task, address=peer.address))
             return
         self._report(peer, None)

@@ -1,0 +1,166 @@
+"""The server side of a task's group transport: the ``Collective`` and ``Control`` services.
+
+A :class:`CollectiveEndpoint` is installed on the task's
+:class:`~cluster.transport.server.TaskServer` before it starts (so peers never see UNIMPLEMENTED);
+the group's transport attaches to it later, through the :class:`InboundHandler` interface, and
+receives from then on:
+
+- ``Hello`` (unary): a peer checks it is talking to the rank it expects; the reply's trailing
+  metadata advertises this rank's TCP data port, if it has one;
+- ``Exchange`` (client streaming, raw bytes): the gRPC data plane's frames from one peer, for
+  the transport's whole life; the stream's end is the peer's goodbye, its breaking a loss;
+- ``Abort`` (unary): a peer aborted the group.
+
+Calls that arrive before a transport is attached (or after it closed) get UNAVAILABLE and are
+retried by the caller's ``connect``. Malformed frames get INVALID_ARGUMENT. Every call has passed
+the token interceptor before any of this runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Protocol
+
+import grpc
+
+from cluster.transport import _framing
+from cluster.transport._pb import collective_pb2
+from cluster.transport.control import SERVICE as CONTROL_SERVICE
+from cluster.transport.control import ControlService
+from cluster.transport.server import TaskServer
+
+__all__ = ["DATA_PORT_KEY", "SERVICE", "SRC_RANK_KEY", "CollectiveEndpoint", "InboundHandler"]
+
+SERVICE = "cluster_runtime.v1.Collective"
+SRC_RANK_KEY = "x-src-rank"  # Exchange call metadata: the sending rank
+DATA_PORT_KEY = "x-data-port"  # Hello reply trailer: the replying rank's TCP data port
+
+
+class InboundHandler(Protocol):
+    """What the endpoint needs of the transport attached to it (all called on RPC threads)."""
+
+    rank: int
+    closed: bool
+
+    @property
+    def data_port(self) -> int | None:
+        """This rank's TCP data port, advertised in Hello replies (None: gRPC only)."""
+        ...
+
+    def hello_problem(self, request: collective_pb2.HelloRequest) -> str:
+        """Why the caller of this Hello is not the peer this rank expects ("" when it is)."""
+        ...
+
+    def src_rank(self, metadata: Iterable[tuple[str, str]]) -> int | None:
+        """The peer rank an Exchange call's metadata names, or None when missing or invalid."""
+        ...
+
+    def deliver_frame(self, src: int, header: collective_pb2.Frame, data: memoryview) -> None:
+        ...
+
+    def peer_stream_broke(self, src: int) -> None:
+        """``src``'s Exchange stream broke (its process died, the connection reset)."""
+        ...
+
+    def peer_departed(self, src: int) -> None:
+        """``src`` ended its Exchange stream cleanly (it closed its transport)."""
+        ...
+
+    def aborted_by_peer(self, task: str, reason: str) -> None:
+        ...
+
+
+class CollectiveEndpoint:
+    """The Collective and Control services of one task; see the module docstring.
+
+    ``control`` is the task's :class:`~cluster.transport.control.ControlService` (health checks,
+    heartbeats, failure reports, shutdown).
+    """
+
+    def __init__(self, server: TaskServer, task: str, heartbeat_interval: float) -> None:
+        self.server = server
+        self.task = task
+        self.control = ControlService(task, interval=heartbeat_interval)
+        self._transport: InboundHandler | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def install(
+        cls, server: TaskServer, task: str, *, heartbeat_interval: float = 1.0
+    ) -> CollectiveEndpoint:
+        """Create the endpoint and add both services' handlers to ``server`` (not started)."""
+        endpoint = cls(server, task, heartbeat_interval)
+        server.add_handlers(SERVICE, {
+            "Hello": grpc.unary_unary_rpc_method_handler(
+                endpoint._hello,
+                request_deserializer=collective_pb2.HelloRequest.FromString,
+                response_serializer=collective_pb2.HelloReply.SerializeToString,
+            ),
+            # Raw bytes in: frames are split by _framing, never parsed whole by protobuf.
+            "Exchange": grpc.stream_unary_rpc_method_handler(
+                endpoint._exchange,
+                request_deserializer=None,
+                response_serializer=collective_pb2.ExchangeSummary.SerializeToString,
+            ),
+            "Abort": grpc.unary_unary_rpc_method_handler(
+                endpoint._abort,
+                request_deserializer=collective_pb2.AbortRequest.FromString,
+                response_serializer=collective_pb2.AbortReply.SerializeToString,
+            ),
+        })
+        server.add_handlers(CONTROL_SERVICE, endpoint.control.handlers())
+        return endpoint
+
+    def attach(self, transport: InboundHandler) -> None:
+        """Route inbound calls to ``transport``; raises ``RuntimeError`` if an open one is
+        attached already."""
+        with self._lock:
+            if self._transport is not None and not self._transport.closed:
+                raise RuntimeError(f"{self.task}: a transport is already attached")
+            self._transport = transport
+
+    def _attached(self, context: grpc.ServicerContext) -> InboundHandler:
+        transport = self._transport
+        if transport is None or transport.closed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.task}: no collective group yet")
+        return transport
+
+    def _hello(self, request, context):
+        transport = self._attached(context)
+        problem = transport.hello_problem(request)
+        if problem:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+        port = transport.data_port
+        if port is not None:
+            context.set_trailing_metadata(((DATA_PORT_KEY, str(port)),))
+        return collective_pb2.HelloReply(rank=transport.rank, task=self.task)
+
+    def _exchange(self, request_iterator, context):
+        transport = self._attached(context)
+        src = transport.src_rank(context.invocation_metadata())
+        if src is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"missing or bad {SRC_RANK_KEY}")
+        frames = 0
+        try:
+            for raw in request_iterator:
+                try:
+                    header, data = _framing.decode(raw)
+                except _framing.FrameError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {e}")
+                if header.src_rank != src:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"frame claims rank {header.src_rank} on rank {src}'s stream")
+                transport.deliver_frame(src, header, data)
+                frames += 1
+        except grpc.RpcError:
+            # The caller vanished mid-stream (killed, connection reset): that peer is lost.
+            transport.peer_stream_broke(src)
+            raise
+        transport.peer_departed(src)
+        return collective_pb2.ExchangeSummary(frames=frames)
+
+    def _abort(self, request, context):
+        transport = self._attached(context)
+        transport.aborted_by_peer(request.task, request.reason)
+        return collective_pb2.AbortReply()
