@@ -1,0 +1,64 @@
+"""TaskSettings: every CLUSTER_* variable parsed once, with errors that name it; the README lists
+every one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cluster.collectives.options import Algorithm, CollectivePath
+from cluster.errors import TaskConfigError
+from cluster.settings import ENV_VARS, TaskSettings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_no_variables_give_the_defaults() -> None:
+    assert TaskSettings.from_env({}) == TaskSettings()
+
+
+def test_every_variable_is_read() -> None:
+    s = TaskSettings.from_env({
+        "CLUSTER_CONNECT_TIMEOUT": "2.5", "CLUSTER_HEARTBEAT_INTERVAL": "0.5",
+        "CLUSTER_HEARTBEAT_TIMEOUT": "3", "CLUSTER_FUNCTION_TIMEOUT": "10",
+        "CLUSTER_DATA_PLANE": "GRPC", "CLUSTER_COLLECTIVE_PATH": "network",
+        "CLUSTER_COLLECTIVE_ALGORITHM": "ring", "CLUSTER_TOKEN": "s3cret",
+        "CLUSTER_ALLOW_INSECURE": "1", "CLUSTER_LAUNCHER_PID": "42",
+        "CLUSTER_ERROR_FILE": "/tmp/e.json", "CLUSTER_RESTART_COUNT": "3",
+    })
+    assert (s.connect_timeout, s.heartbeat_interval, s.heartbeat_timeout,
+            s.function_timeout) == (2.5, 0.5, 3.0, 10.0)
+    assert s.data_plane == "grpc"
+    assert s.collectives.path is CollectivePath.NETWORK
+    assert s.collectives.algorithm is Algorithm.RING
+    assert (s.token, s.allow_insecure, s.launcher_pid, s.error_file, s.restart_count) == (
+        "s3cret", True, 42, "/tmp/e.json", 3)
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("CLUSTER_CONNECT_TIMEOUT", "soon"), ("CLUSTER_HEARTBEAT_TIMEOUT", "-1"),
+    ("CLUSTER_HEARTBEAT_INTERVAL", "nan"), ("CLUSTER_FUNCTION_TIMEOUT", "0"),
+    ("CLUSTER_DATA_PLANE", "udp"), ("CLUSTER_COLLECTIVE_PATH", "carrier-pigeon"),
+    ("CLUSTER_COLLECTIVE_ALGORITHM", "tree"), ("CLUSTER_ALLOW_INSECURE", "yes"),
+])
+def test_a_bad_value_names_the_variable_and_the_value(var: str, value: str) -> None:
+    with pytest.raises(TaskConfigError, match=rf"{var}.*{re.escape(value)}"):
+        TaskSettings.from_env({var: value})
+
+
+def test_the_token_never_shows_in_repr() -> None:
+    assert "s3cret" not in repr(TaskSettings.from_env({"CLUSTER_TOKEN": "s3cret"}))
+
+
+def test_the_readme_lists_every_variable_and_the_code_reads_no_other() -> None:
+    readme = (REPO / "README.md").read_text()
+    listed = {var for var, _, _ in ENV_VARS}
+    for var in listed:
+        assert f"| `{var}` |" in readme, f"README's environment table lacks {var}"
+    used = set()
+    for package in ("cluster", "worker", "ps"):
+        for path in (REPO / package).rglob("*.py"):
+            used |= set(re.findall(r'"(CLUSTER_[A-Z_]+)"', path.read_text()))
+    assert used <= listed, f"variables missing from cluster.settings.ENV_VARS: {used - listed}"
