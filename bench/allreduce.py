@@ -63,6 +63,7 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
         CommunicationOptions,
         ReduceOp,
     )
+    from cluster.settings import TaskSettings
 
     options = CommunicationOptions(
         timeout_seconds=120,
@@ -71,7 +72,9 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
     used = set(transport.data_planes.values())
     if used != {"tcp" if plane == "shm" else plane}:
         raise RuntimeError(f"asked for the {plane} path, got the {used} data plane")
-    group = CollectiveGroup(transport, name="bench", options=options)
+    # The path comes from CLUSTER_COLLECTIVE_PATH, read once here as a task's runtime does.
+    settings = TaskSettings.from_env().collectives
+    group = CollectiveGroup(transport, name="bench", options=options, settings=settings)
     group.barrier()
     on_one_host = group.topology is not None and group.topology.single_host
     if on_one_host != (plane == "shm"):

@@ -2,8 +2,20 @@
 
 Pipelined ring all-reduce (reduce-scatter + all-gather) for large messages, recursive doubling for
 small ones, plus all-gather, broadcast, reduce-scatter and barrier, with ordering/mismatch checks,
-deadlines and group-wide abort. Nothing here imports grpc: the same code runs over the gRPC and
-the in-process transports.
+deadlines and group-wide abort; co-located ranks use shared memory, and NCCL for CuPy values.
+Nothing here imports grpc: the same code runs over the gRPC and the in-process transports.
+
+Where things live:
+
+- ``group``: :class:`CollectiveGroup`, the API (validate, then ``_impl``);
+- ``route``: which path (shared memory, hierarchical, network) and which network algorithm a
+  call takes, as pure functions;
+- ``network``: the collectives over the transport (``ring``, ``doubling``, ``broadcast`` are
+  their algorithms, ``schedule`` the ring's pure schedule);
+- ``hierarchy``: the shared-memory and hierarchical collectives; ``shared_memory`` their
+  algorithms, over the ``arena`` in a ``shm_segment``, found by ``topology``;
+- ``host_nccl`` (over ``nccl``): NCCL among a host's GPUs;
+- ``ops``, ``options``: reduction operators and the frozen options.
 
 >>> from cluster.transport.inproc import InProcessHub
 >>> hub = InProcessHub(1)

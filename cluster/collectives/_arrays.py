@@ -3,8 +3,9 @@
 Collectives work on host NumPy arrays. :func:`stage` turns a caller's value into one and returns
 how to give a result back in the caller's family; strategies reuse it for the same purpose.
 CuPy arrays are staged through host memory (``cupy.asnumpy`` / ``cupy.asarray`` on the same
-device) until NCCL inside a host lands. CuPy is never imported here: a CuPy array can only exist
-once the caller imported ``cupy``, so ``sys.modules`` is where to find it.
+device) by every collective except an all-reduce that NCCL carries among a host's GPUs
+(:mod:`~cluster.collectives.host_nccl`). CuPy is never imported here: a CuPy array can only
+exist once the caller imported ``cupy``, so ``sys.modules`` is where to find it.
 """
 
 from __future__ import annotations

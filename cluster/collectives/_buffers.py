@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "working_copy"]
 
 MIN_POOLED_BYTES = 32 << 20
 DEFAULT_MAX_BYTES = 256 << 20
@@ -73,9 +73,25 @@ class BufferPool:
                 self._slabs.append(slab)
             return slab.view(dtype)
 
+    def output_for(self, array: np.ndarray, owned: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(work, source)`` for an algorithm that reads its input once and writes each result
+        byte once (the ring, the shared-memory reductions): reduce in place (``source`` is
+        ``None``) when the array is the caller's to give (``owned``, or copied anyway to become
+        contiguous), else read flat ``source`` and write a ``work`` buffer from this pool."""
+        if owned or not array.flags.c_contiguous:
+            return np.ascontiguousarray(array).reshape(-1), None
+        return self.empty(array.size, array.dtype), array.reshape(-1)
+
     def _idle(self, i: int) -> bool:
         return _refs(self._slabs, i) <= self._idle_refs
 
     def clear(self) -> None:
         with self._lock:
             self._slabs.clear()
+
+
+def working_copy(array: np.ndarray, owned: bool) -> np.ndarray:
+    """A flat C-contiguous array to reduce into: ``array`` itself if owned, else one copy."""
+    if owned:
+        return np.ascontiguousarray(array).reshape(-1)
+    return np.array(array, order="C", copy=True).reshape(-1)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_FUSE_BELOW_BYTES", "describe", "pack", "plan_packs", "unpack"]
+__all__ = ["DEFAULT_FUSE_BELOW_BYTES", "describe", "pack", "spec", "plan_packs", "unpack"]
 
 DEFAULT_FUSE_BELOW_BYTES = 1 << 20
 """With ``bytes_per_pack=0``, tensors smaller than this share one pack per dtype; larger ones
@@ -88,3 +88,8 @@ def describe(arrays: Sequence[np.ndarray]) -> str:
         entry[1] += a.size
     parts = ", ".join(f"{n}x{dtype} ({elems} elements)" for dtype, (n, elems) in per_dtype.items())
     return f"[{parts}] shapes#{digest.hexdigest()}"
+
+
+def spec(array: np.ndarray) -> str:
+    """One tensor's dtype and shape for a collective's signature: ``float32[2,3]``."""
+    return f"{array.dtype}[{','.join(str(n) for n in array.shape)}]"

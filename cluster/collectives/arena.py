@@ -1,7 +1,7 @@
 """The shared-memory arena of the co-located ranks of one group: buffers, progress, waiting.
 
-One :class:`~cluster.transport.shm.Segment` per host and group, created by the host's leader
-during set-up (:mod:`~cluster.collectives.topology`). Layout::
+One :class:`~cluster.collectives.shm_segment.Segment` per host and group, created by the host's
+leader during set-up (:mod:`~cluster.collectives.topology`). Layout::
 
     header   4 KiB   nonce (set-up proof), layout, abort flag and reason
     slots    L x 512 B, one per local rank: futex word, progress, identity, pid, a number per
@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cluster.collectives import shm_segment
 from cluster.deadline import Deadline
 from cluster.errors import (
     CollectiveAbortedError,
@@ -43,7 +44,6 @@ from cluster.errors import (
     CollectiveTimeoutError,
     PeerUnavailableError,
 )
-from cluster.transport import shm
 from cluster.transport.api import PeerInfo
 
 __all__ = ["Arena", "ArenaLayout", "progress"]
@@ -97,7 +97,7 @@ class Arena:
 
     def __init__(
         self,
-        segment: shm.Segment,
+        segment: shm_segment.Segment,
         layout: ArenaLayout,
         local_rank: int,
         peers: list[PeerInfo],
@@ -178,7 +178,7 @@ class Arena:
         me = self.local_rank
         self._progress[me] = value
         self._words[me] += 1
-        shm.futex_wake(self._word_address(me))
+        shm_segment.futex_wake(self._word_address(me))
 
     def wait(self, local_rank: int, value: int, deadline: Deadline) -> None:
         """Return once ``local_rank``'s progress is at least ``value``.
@@ -211,7 +211,7 @@ class Arena:
                     f"{self.peers[local_rank]} did not reach step {value} of collective "
                     f"#{self._seq} ({self._sig!r}) in shared memory in time"
                 )
-            shm.futex_wait(address, word, min(HEALTH_INTERVAL, remaining))
+            shm_segment.futex_wait(address, word, min(HEALTH_INTERVAL, remaining))
 
     def wait_all(self, value: int, deadline: Deadline) -> None:
         """:meth:`wait` for every other local rank."""
@@ -228,7 +228,7 @@ class Arena:
         self._reason[len(text)] = 0
         self._abort[0] = 1
         for k in range(self.local_size):
-            shm.futex_wake(self._word_address(k))
+            shm_segment.futex_wake(self._word_address(k))
 
     def close(self) -> None:
         """Drop this rank's views and unmap the segment."""
@@ -264,7 +264,7 @@ class Arena:
     def _health(self) -> None:
         self._check()
         for k, pid in enumerate(self._pids):
-            if k != self.local_rank and pid and not shm.pid_alive(pid):
+            if k != self.local_rank and pid and not shm_segment.pid_alive(pid):
                 peer = self.peers[k]
                 raise PeerUnavailableError(
                     f"{peer} is unavailable: its process (pid {pid}) exited",

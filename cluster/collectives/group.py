@@ -9,30 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from cluster._family import is_cupy
-from cluster.collectives import _packing, broadcast, doubling, ring
+from cluster.collectives import _packing
 from cluster.collectives._arrays import stage
-from cluster.collectives._buffers import BufferPool
+from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
-from cluster.collectives._exchange import Exchange
 from cluster.collectives.arena import ArenaLayout
-from cluster.collectives.device import HostNccl
-from cluster.collectives.local import LocalCollectives
+from cluster.collectives.hierarchy import HostCollectives
+from cluster.collectives.network import NetworkCollectives
 from cluster.collectives.ops import ReduceOp, check_reducible, finalize
 from cluster.collectives.options import (
-    Algorithm,
     CollectivePath,
     CollectiveSettings,
     CommunicationImplementation,
     CommunicationOptions,
 )
+from cluster.collectives.route import Route, choose_route, hier_config, shm_config
 from cluster.collectives.schedule import segments
+from cluster.collectives.shared_memory import SharedMemoryCollectives
 from cluster.collectives.topology import Topology, discover
 from cluster.deadline import Deadline
 from cluster.transport.api import Transport
@@ -84,17 +83,20 @@ class CollectiveGroup:
       :class:`~cluster.errors.PeerUnavailableError` naming it. Any error (these, or a local one
       such as an unsupported dtype) aborts the group on every rank; the transport then stays
       failed and later calls raise at once.
-    - Path. Ranks that share a host (:mod:`~cluster.collectives.topology`, set up by the
-      group's first collective) talk through shared memory (:mod:`~cluster.collectives.local`).
-      A group on one host runs every collective there; across hosts, all-reduces are
-      hierarchical (reduce inside each host, the network ring across one leader per host,
-      broadcast inside) and the other collectives use the network. ``implementation=RING``
-      (group or call options), ``settings.path=NETWORK`` or a forced ``settings.algorithm``
-      (``CLUSTER_COLLECTIVE_PATH`` / ``CLUSTER_COLLECTIVE_ALGORITHM`` through
-      :class:`cluster.settings.TaskSettings`) put everything on the network.
-    - Network algorithm: recursive doubling below ``small_message_bytes``, the pipelined ring
-      above it; ``implementation=RING`` always uses the ring, and
-      ``settings.algorithm`` (``RING``/``DOUBLING``) overrides both.
+    - Path (:func:`~cluster.collectives.route.choose_route`). Ranks that share a host
+      (:mod:`~cluster.collectives.topology`, set up by the group's first collective) talk
+      through shared memory (:mod:`~cluster.collectives.shared_memory`). A group on one host
+      runs every collective there; across hosts, all-reduces are hierarchical (reduce inside
+      each host, the network ring across one leader per host, broadcast inside:
+      :mod:`~cluster.collectives.hierarchy`) and the other collectives use the network
+      (:mod:`~cluster.collectives.network`). ``implementation=RING`` (group or call options),
+      ``settings.path=NETWORK`` or a forced ``settings.algorithm`` (``CLUSTER_COLLECTIVE_PATH``
+      / ``CLUSTER_COLLECTIVE_ALGORITHM`` through :class:`cluster.settings.TaskSettings`) put
+      everything on the network.
+    - Network algorithm (:func:`~cluster.collectives.route.network_algorithm`): recursive
+      doubling below ``small_message_bytes``, the pipelined ring above it;
+      ``implementation=RING`` always uses the ring, and ``settings.algorithm``
+      (``RING``/``DOUBLING``) overrides both.
     - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
       ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms.
     """
@@ -136,18 +138,22 @@ class CollectiveGroup:
         self._small = small_message_bytes
         self._chunk = chunk_bytes
         self._settings = settings
-        self._forced = settings.algorithm
         self._calls = CallCounter(transport, name)
         self._buffers = BufferPool()
+        self._network = NetworkCollectives(
+            transport, name, settings=settings, small_message_bytes=small_message_bytes,
+            chunk_bytes=chunk_bytes, buffers=self._buffers,
+        )
         self._host_id = host_id
         self._round_bytes = shm_round_bytes
         self._whole_bytes = shm_whole_bytes
         self._shared_memory = _shared_memory and settings.path is CollectivePath.AUTO
         self._set_up = not _shared_memory  # an internal group (the leaders): network only
+        # Set by the set-up (the group's first collective):
         self._topology: Topology | None = None
-        self._local: LocalCollectives | None = None
+        self._shm: SharedMemoryCollectives | None = None
         self._leaders: CollectiveGroup | None = None
-        self._nccl: HostNccl | None = None  # NCCL among the host's GPUs, once a CuPy value came
+        self._hosts: HostCollectives | None = None
 
     @property
     def name(self) -> str:
@@ -186,8 +192,9 @@ class CollectiveGroup:
         """
         with self._collective("all_reduce", options) as call:
             op = ReduceOp.parse(op)
-            if is_cupy(value) and self._device_route(call) is not None:
-                return self._device_all_reduce(call, value, op)
+            route = self._device_route(call) if is_cupy(value) else None
+            if route is not None:
+                return self._host_path().device_all_reduce(call, route, value, op)
             staged = stage(value, "all_reduce")
             check_reducible(staged.array.dtype, "all_reduce")
             return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
@@ -281,43 +288,20 @@ class CollectiveGroup:
     def barrier(self, *, options: CommunicationOptions | None = None) -> None:
         """Return once every rank has entered this barrier."""
         with self._collective("barrier", options) as call:
-            if self.world_size == 1:
-                return
-            if self._route(call, "barrier") == "local":
-                assert self._local is not None
-                self._local.barrier(call.seq, "barrier shm", call.deadline)
-                return
-            ex = self._exchange(call, "barrier")
-            doubling.all_reduce(ex, np.empty(0, np.uint8), None)
-            ex.end()
+            self._barrier_impl(call)
 
-    # -- implementations -------------------------------------------------------------------------
+    # -- implementations: route, then the network or the host path -----------------------------
 
     def _all_reduce_impl(
         self, call: Call, array: np.ndarray, owned: bool, op: ReduceOp
     ) -> np.ndarray:
         if self.world_size == 1:
-            return _working_copy(array, owned).reshape(array.shape)
+            return working_copy(array, owned).reshape(array.shape)
         route = self._route(call, "all_reduce")
-        if route != "network":
-            work, source = self._output_for(array, owned)
-            signature = f"all_reduce {op.value} {_spec(array)} {self._route_config(route)}"
-            if route == "hier":
-                self._hier_handshake(call, signature)
-            self._reduce_routed(call, route, signature, work if source is None else source,
-                                work, op)
-            return work.reshape(array.shape)
-        algorithm = self._algorithm(array.nbytes, call.options)
-        ex = self._exchange(call, f"all_reduce {op.value} {_spec(array)} {algorithm}")
-        if algorithm == "doubling":
-            work = _working_copy(array, owned)
-            doubling.all_reduce(ex, work, op)
+        if route is Route.NETWORK:
+            work = self._network.all_reduce(call, array, owned, op)
         else:
-            # The ring reads the input where it lies and writes each result byte once.
-            work, source = self._output_for(array, owned)
-            bounds = segments(work.size, self.world_size)
-            ring.all_reduce(ex, work, bounds, op, self._chunk, source=source)
-        ex.end()
+            work = self._host_path().all_reduce(call, route, array, owned, op)
         return work.reshape(array.shape)
 
     def _all_reduce_many_impl(
@@ -326,79 +310,28 @@ class CollectiveGroup:
         plan = _packing.plan_packs(
             [(a.dtype, a.nbytes) for a in arrays], call.options.bytes_per_pack
         )
-        route = self._route(call, "all_reduce") if self.world_size > 1 else "network"
-        if route != "network":
-            return self._all_reduce_many_routed(call, route, arrays, plan, op)
-        ex = None
-        if self.world_size > 1:
-            signature = (
-                f"all_reduce_many {op.value} {_packing.describe(arrays)} "
-                f"pack={call.options.bytes_per_pack} {self._algorithm_config(call.options)}"
-            )
-            ex = self._exchange(call, signature)
-        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
-        step = 0
-        for indices in plan:
-            members = [arrays[i] for i in indices]
-            buffer, ranges = _packing.pack(members)
-            if ex is not None:
-                algorithm = self._algorithm(buffer.nbytes, call.options)
-                step = self._reduce(ex, buffer, op, algorithm, first_step=step)
-            views = _packing.unpack(buffer, ranges, [a.shape for a in members])
-            for i, view in zip(indices, views, strict=True):
-                results[i] = view
-        if ex is not None:
-            ex.end()
-        return results
+        route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
+        if route is not Route.NETWORK:
+            return self._host_path().all_reduce_many(call, route, arrays, plan, op)
+        return self._network.all_reduce_many(call, arrays, plan, op)
 
     def _all_gather_impl(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
-        moved = np.moveaxis(array, axis, 0)
         if self.world_size == 1:
             return np.array(array, order="C", copy=True)
-        rows, rest = moved.shape[0], moved.shape[1:]
-        row_elems = math.prod(rest)
-        shape = ",".join("?" if d == axis else str(n) for d, n in enumerate(array.shape))
-        if self._route(call, "all_gather") == "local":
-            assert self._local is not None
-            flat = np.ascontiguousarray(moved).reshape(-1)
-            config = self._route_config("local")
-            signature = f"all_gather {array.dtype}[{shape}] axis={axis} {config}"
-            all_rows, out = self._local.all_gather(call.seq, signature, flat, call.deadline,
-                                                   rows=rows, row_items=row_elems)
-            gathered = out.reshape((sum(all_rows), *rest))
-            return gathered if axis == 0 else np.ascontiguousarray(np.moveaxis(gathered, 0, axis))
-        ex = self._exchange(
-            call, f"all_gather {array.dtype}[{shape}] axis={axis} ring/{self._chunk}"
-        )
-        # Phase 1: every rank's size along the axis (they may differ, as in tf.distribute).
-        sizes = np.zeros(self.world_size, np.int64)
-        sizes[self.rank] = rows
-        unit = segments(self.world_size, self.world_size)
-        step = ring.all_gather(ex, sizes, unit, self._chunk)
-        # Phase 2: the data, straight into the output buffer.
-        offsets = np.concatenate([[0], np.cumsum(sizes)]) * row_elems
-        bounds = [(int(offsets[i]), int(offsets[i + 1])) for i in range(self.world_size)]
-        out = np.empty(int(offsets[-1]), dtype=array.dtype)
-        lo, hi = bounds[self.rank]
-        np.copyto(out[lo:hi].reshape(moved.shape), moved)
-        ring.all_gather(ex, out, bounds, self._chunk, first_step=step)
-        ex.end()
-        gathered = out.reshape((int(sizes.sum()), *rest))
-        return gathered if axis == 0 else np.ascontiguousarray(np.moveaxis(gathered, 0, axis))
+        if self._route(call, "all_gather") is Route.LOCAL:
+            return self._host_path().all_gather(call, array, axis)
+        return self._network.all_gather(call, array, axis)
 
     def _broadcast_impl(self, call: Call, array: np.ndarray, root: int) -> np.ndarray:
         if self.world_size == 1 or self.rank == root:
             work = np.array(array, order="C", copy=True).reshape(-1)
         else:
             work = np.empty(array.size, dtype=array.dtype)
-        if self.world_size > 1 and self._route(call, "broadcast") == "local":
-            assert self._local is not None
-            signature = f"broadcast root={root} {_spec(array)} {self._route_config('local')}"
-            self._local.broadcast(call.seq, signature, work, root, call.deadline)
-        elif self.world_size > 1:
-            ex = self._exchange(call, f"broadcast root={root} {_spec(array)} chain/{self._chunk}")
-            broadcast.chain_broadcast(ex, work, root, self._chunk)
-            ex.end()
+        if self.world_size > 1:
+            if self._route(call, "broadcast") is Route.LOCAL:
+                self._host_path().broadcast(call, array, work, root)
+            else:
+                self._network.broadcast(call, array, work, root)
         return work.reshape(array.shape)
 
     def _reduce_scatter_impl(self, call: Call, array: np.ndarray, op: ReduceOp) -> np.ndarray:
@@ -407,28 +340,24 @@ class CollectiveGroup:
         rows = segments(array.shape[0], self.world_size)
         bounds = [(a * row_elems, b * row_elems) for a, b in rows]
         if self.world_size == 1:
-            work = _working_copy(array, owned=False)
-        elif self._route(call, "reduce_scatter") == "local":
-            assert self._local is not None
-            work = np.empty(array.size, array.dtype)
-            signature = f"reduce_scatter {op.value} {_spec(array)} {self._route_config('local')}"
-            self._local.reduce_scatter(call.seq, signature, np.ascontiguousarray(array).reshape(-1),
-                                       work, bounds, op, self.world_size, call.deadline)
+            work = working_copy(array, owned=False)
+        elif self._route(call, "reduce_scatter") is Route.LOCAL:
+            work = self._host_path().reduce_scatter(call, array, bounds, op)
         else:
-            algorithm = self._algorithm(array.nbytes, call.options)
-            ex = self._exchange(call, f"reduce_scatter {op.value} {_spec(array)} {algorithm}")
-            if algorithm.startswith("ring"):
-                work, source = self._output_for(array, owned=False)
-                ring.reduce_scatter(ex, work, bounds, op, self._chunk, source=source)
-            else:  # latency-bound: all-reduce in log2(N) rounds, keep our segment
-                work = _working_copy(array, owned=False)
-                doubling.all_reduce(ex, work, op)
-            ex.end()
+            work = self._network.reduce_scatter(call, array, bounds, op)
         lo, hi = bounds[self.rank]
         a, b = rows[self.rank]
         return work[lo:hi].reshape((b - a, *rest)).copy()
 
-    # -- shared memory and the hierarchy ---------------------------------------------------------
+    def _barrier_impl(self, call: Call) -> None:
+        if self.world_size == 1:
+            return
+        if self._route(call, "barrier") is Route.LOCAL:
+            self._host_path().barrier(call)
+        else:
+            self._network.barrier(call)
+
+    # -- set-up, routes and the leaders ----------------------------------------------------------
 
     def _set_up_hosts(self, deadline: Deadline) -> None:
         """Find the group's hosts and map their arenas: an exchange of its own (sequence number
@@ -447,7 +376,8 @@ class CollectiveGroup:
         )
         self._topology = topology
         if arena is not None:
-            self._local = LocalCollectives(arena, whole_bytes=self._whole_bytes)
+            self._shm = SharedMemoryCollectives(arena, whole_bytes=self._whole_bytes)
+            self._network.arena = arena
             self._calls.on_abort.append(arena.abort)
         if not topology.single_host and topology.shares_memory and self.rank in topology.leaders:
             self._leaders = CollectiveGroup(
@@ -455,86 +385,32 @@ class CollectiveGroup:
                 self._options, small_message_bytes=self._small, chunk_bytes=self._chunk,
                 settings=self._settings, _shared_memory=False,
             )
+        configs = {
+            Route.LOCAL: shm_config(self._round_bytes, self._whole_bytes),
+            Route.HIER: hier_config(topology, self._round_bytes, self._whole_bytes,
+                                    self._network.algorithm_config(self._options)),
+        }
+        self._hosts = HostCollectives(
+            self._shm, self._network, configs=configs, world_size=self.world_size,
+            across_leaders=None if self._leaders is None else self._across_leaders,
+            buffers=self._buffers,
+        )
 
-    def _route(self, call: Call, kind: str) -> str:
-        """``"local"`` (shared memory only), ``"hier"`` (hosts, then leaders on the network) or
-        ``"network"``; a function of the group's set-up and the call's options only."""
-        topology = self._topology
-        if (topology is None or self._forced is not Algorithm.AUTO
-                or call.options.implementation is CommunicationImplementation.RING):
-            return "network"
-        if topology.single_host:
-            return "local"
-        if kind == "all_reduce" and topology.shares_memory:
-            return "hier"
-        return "network"
+    def _route(self, call: Call, kind: str) -> Route:
+        """This call's route (:func:`~cluster.collectives.route.choose_route`): a function of
+        the group's set-up and the call's options only."""
+        return choose_route(self._topology, self._settings, call.options, kind)
 
-    def _route_config(self, route: str) -> str:
-        whole = "auto" if self._whole_bytes is None else self._whole_bytes
-        layout = f"{self._round_bytes}/{whole}"
-        if route == "local":
-            return f"shm/{layout}"
-        hosts = "|".join(",".join(map(str, h)) for h in self._topology.hosts)  # type: ignore[union-attr]
-        return f"hier/{layout}/{hosts}/{self._algorithm_config(self._options)}"
+    def _host_path(self) -> HostCollectives:
+        """The ``LOCAL``/``HIER`` collectives; only those routes call it, and they are only
+        chosen once the hosts are set up."""
+        assert self._hosts is not None
+        return self._hosts
 
-    def _hier_handshake(self, call: Call, signature: str) -> None:
-        """The network handshake of the whole group (see ``_exchange``), done before anything
-        waits: ranks on different paths or with different arguments fail here, at once."""
-        self._exchange(call, signature).end()
-
-    def _reduce_routed(self, call: Call, route: str, signature: str, src: np.ndarray,
-                       work: np.ndarray, op: ReduceOp) -> None:
-        """All-reduce flat ``src`` into ``work`` (may be ``src``) on the ``local``/``hier`` path."""
-        if route == "local":
-            assert self._local is not None
-            self._local.all_reduce(call.seq, signature, src, work, op, self.world_size,
-                                   call.deadline)
-            return
-        # Hierarchical: SUM (or MAX/MIN) inside the host, across leaders, then MEAN's division
-        # once by the leader, whose bytes every local rank copies.
-        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        if self._local is not None:
-            self._local.all_reduce(call.seq, signature, src, work, inner, 1, call.deadline)
-        elif work is not src:
-            np.copyto(work, src)
-        if self._leaders is not None:
-            self._across_leaders(call, work, op)
-        if self._local is not None:
-            self._local.broadcast(call.seq, signature, work, 0, call.deadline)
-
-    def _device_route(self, call: Call) -> str | None:
+    def _device_route(self, call: Call) -> Route | None:
         """The route of a CuPy all-reduce that may use NCCL inside the host, else ``None``."""
         route = self._route(call, "all_reduce")
-        return route if self._local is not None and route != "network" else None
-
-    def _device_all_reduce(self, call: Call, value: Any, op: ReduceOp) -> Any:
-        """A CuPy all-reduce: NCCL among the host's GPUs, host memory only at the host boundary
-        (the leader's copy that crosses the network). Without NCCL on every local rank, or
-        with two ranks on one GPU, the host path under the same signature."""
-        check_reducible(value.dtype, "all_reduce")
-        route = self._device_route(call)
-        assert route is not None and self._local is not None
-        signature = f"all_reduce {op.value} {_spec(value)} device/{self._route_config(route)}"
-        if route == "hier":
-            self._hier_handshake(call, signature)
-        if self._nccl is None:
-            self._nccl = HostNccl(self._local, timeout_seconds=call.options.deadline_seconds)
-        if not self._nccl.ready(call.seq, signature, value.device.id, call.deadline):
-            staged = stage(value, "all_reduce")
-            work, source = self._output_for(staged.array, staged.owned)
-            self._reduce_routed(call, route, signature, work if source is None else source,
-                                work, op)
-            return staged.restore(work.reshape(staged.array.shape))
-        if route == "local":
-            return self._nccl.all_reduce(value, op)
-        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        total = self._nccl.all_reduce(value, inner)
-        if self._leaders is not None:  # the host boundary: one copy out, one back in
-            host = total.get().reshape(-1)
-            self._across_leaders(call, host, op)
-            with total.device:
-                total = sys.modules["cupy"].asarray(host.reshape(value.shape))
-        return self._nccl.broadcast(total, 0)
+        return route if self._shm is not None and route is not Route.NETWORK else None
 
     def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
         """On a leader: all-reduce its host's flat total ``work`` in place across the leaders
@@ -552,57 +428,6 @@ class CollectiveGroup:
             self._leaders._all_reduce_impl(inner_call, work, True, inner)
         finalize(op, work, self.world_size)
 
-    def _all_reduce_many_routed(self, call: Call, route: str, arrays: list[np.ndarray],
-                                plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
-        signature = (
-            f"all_reduce_many {op.value} {_packing.describe(arrays)} "
-            f"pack={call.options.bytes_per_pack} {self._route_config(route)}"
-        )
-        if route == "hier":
-            self._hier_handshake(call, signature)
-        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
-        for indices in plan:
-            members = [arrays[i] for i in indices]
-            buffer, ranges = _packing.pack(members)
-            self._reduce_routed(call, route, signature, buffer, buffer, op)
-            views = _packing.unpack(buffer, ranges, [a.shape for a in members])
-            for i, view in zip(indices, views, strict=True):
-                results[i] = view
-        return results
-
-    # -- plumbing --------------------------------------------------------------------------------
-
-    def _output_for(self, array: np.ndarray, owned: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(work, source)`` for a ring: reduce in place when the array is ours (or had to be
-        copied to become contiguous anyway), else read ``array`` and write a fresh ``work``."""
-        if owned or not array.flags.c_contiguous:
-            return np.ascontiguousarray(array).reshape(-1), None
-        return self._buffers.empty(array.size, array.dtype), array.reshape(-1)
-
-    def _reduce(
-        self, ex: Exchange, work: np.ndarray, op: ReduceOp, algorithm: str, first_step: int
-    ) -> int:
-        if algorithm == "doubling":
-            return doubling.all_reduce(ex, work, op, first_step)
-        bounds = segments(work.size, self.world_size)
-        return ring.all_reduce(ex, work, bounds, op, self._chunk, first_step)
-
-    def _algorithm(self, nbytes: int, options: CommunicationOptions) -> str:
-        """``"doubling"`` or ``"ring/<chunk bytes>"``: part of the signature, so ranks configured
-        differently fail with a mismatch instead of waiting for each other's messages."""
-        if self._forced is Algorithm.DOUBLING:
-            return "doubling"
-        ring_forced = self._forced is Algorithm.RING or options.implementation in (
-            CommunicationImplementation.RING,
-            CommunicationImplementation.NCCL,
-        )
-        if ring_forced or nbytes >= self._small:
-            return f"ring/{self._chunk}"
-        return "doubling"
-
-    def _algorithm_config(self, options: CommunicationOptions) -> str:
-        return f"{self._forced.value}/{options.implementation.value}/{self._small}/{self._chunk}"
-
     @contextlib.contextmanager
     def _collective(self, kind: str, options: CommunicationOptions | None) -> Iterator[Call]:
         """Number the call and start its deadline; any error inside aborts the group. The
@@ -611,30 +436,6 @@ class CollectiveGroup:
             if not self._set_up:
                 self._set_up_hosts(call.deadline)
             yield call
-
-    def _exchange(self, call: Call, signature: str) -> Exchange:
-        if self._local is not None:
-            # Co-located peers on the shared-memory path compare this with their own signature.
-            self._local.arena.announce(call.seq, signature)
-        return Exchange(
-            self._transport,
-            group=self._name,
-            seq=call.seq,
-            kind=call.kind,
-            signature=signature,
-            deadline=call.deadline,
-        )
-
-
-def _working_copy(array: np.ndarray, owned: bool) -> np.ndarray:
-    """A flat C-contiguous array to reduce into: ``array`` itself if owned, else one copy."""
-    if owned:
-        return np.ascontiguousarray(array).reshape(-1)
-    return np.array(array, order="C", copy=True).reshape(-1)
-
-
-def _spec(array: np.ndarray) -> str:
-    return f"{array.dtype}[{','.join(str(n) for n in array.shape)}]"
 
 
 def _check_plain_dtype(dtype: np.dtype, what: str) -> None:

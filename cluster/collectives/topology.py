@@ -3,8 +3,8 @@
 :func:`discover` runs once per group, as a collective of its own over the (authenticated)
 network transport, on every rank:
 
-1. every rank's :func:`~cluster.transport.shm.host_key` (and whether it can use shared memory)
-   is all-gathered; ranks with equal keys form a host, leader = its lowest rank;
+1. every rank's :func:`~cluster.collectives.shm_segment.host_key` (and whether it can use shared
+   memory) is all-gathered; ranks with equal keys form a host, leader = its lowest rank;
 2. each leader creates the host's segment and writes a random nonce into it; the segment's
    name and the nonce are all-gathered (only over the authenticated transport: a name found any
    other way is never trusted);
@@ -27,11 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.collectives import ring
+from cluster.collectives import ring, shm_segment
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.arena import Arena, ArenaLayout
 from cluster.deadline import Deadline
-from cluster.transport import shm
 from cluster.transport.api import Transport
 
 __all__ = ["Topology", "discover"]
@@ -95,21 +94,21 @@ def discover(
     sample = layout_for(2).describe() if shared_memory else "off"
     ex = Exchange(transport, group=group, seq=seq, kind="setup",
                   signature=f"setup shared-memory={sample}", deadline=deadline)
-    usable = shared_memory and shm.supported()
-    keys, step = _all_gather(ex, shm.host_key(host_id) + bytes([usable]), 0)
+    usable = shared_memory and shm_segment.supported()
+    keys, step = _all_gather(ex, shm_segment.host_key(host_id) + bytes([usable]), 0)
     hosts = _group_hosts(keys)
     topology = Topology(hosts, transport.rank)
     host = topology.host
     leader = host[0] == transport.rank
     layout = layout_for(len(host)) if len(host) > 1 else None
-    segment: shm.Segment | None = None
+    segment: shm_segment.Segment | None = None
     nonce = secrets.token_bytes(_NONCE_BYTES)
     record = bytes(_NAME_BYTES + _NONCE_BYTES)
     try:
         if leader and layout is not None:
-            shm.sweep_stale()
+            shm_segment.sweep_stale()
             try:
-                segment = shm.Segment.create(layout.size)
+                segment = shm_segment.Segment.create(layout.size)
                 segment.buf[:_NONCE_BYTES] = nonce
                 record = segment.name.encode().ljust(_NAME_BYTES, b"\0") + nonce
             except OSError as e:
@@ -163,13 +162,13 @@ def _group_hosts(keys: list[bytes]) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(tuple(h) for h in hosts))
 
 
-def _attach(record: bytes, size: int) -> shm.Segment | None:
+def _attach(record: bytes, size: int) -> shm_segment.Segment | None:
     name = record[:_NAME_BYTES].rstrip(b"\0").decode(errors="replace")
     nonce = record[_NAME_BYTES:]
     if not name:
         return None  # the leader could not create it
     try:
-        segment = shm.Segment.attach(name, size)
+        segment = shm_segment.Segment.attach(name, size)
     except (OSError, ValueError) as e:
         log.warning("cannot attach the host's shared memory %s (%s): not the same host after "
                     "all; using the network", name, e)

@@ -1,6 +1,6 @@
 """A fake CuPy and ``cupy.cuda.nccl`` over host memory, for tests without a GPU.
 
-A copy of the fake in ``test_nccl.py`` (which documents it), shared so other tests can use it:
+Shared by the NCCL tests (``test_nccl.py``, ``test_host_nccl.py``, the CuPy cases elsewhere):
 NumPy arrays with a ``.device`` and real ``.data.ptr`` addresses; communicators that follow
 CuPy's signatures and reduce through the pointers once every rank has posted a call. Install it
 with ``FakeCuda().install(monkeypatch)``.

@@ -147,8 +147,8 @@ def test_describe_differs_whenever_a_shape_or_dtype_differs() -> None:
 
 
 def test_collectives_never_import_grpc() -> None:
-    # STYLE.md practice 1: the same code runs over every transport; only cluster/transport/
-    # (and the servicers) may import grpc.
+    # The same code runs over every transport, so only cluster/transport/ (and the servicers)
+    # may import grpc.
     import ast
     from pathlib import Path
 

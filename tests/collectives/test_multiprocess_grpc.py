@@ -132,9 +132,10 @@ def _all_reduce_until_victim_dies(transport, victim: int):
 
 
 def _segments() -> set[str]:
-    from cluster.transport import shm
+    from cluster.collectives import shm_segment
 
-    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}.{os.getuid()}.")}
+    prefix = f"{shm_segment.PREFIX}.{os.getuid()}."
+    return {n for n in os.listdir(shm_segment.SHM_DIR) if n.startswith(prefix)}
 
 
 @pytest.mark.parametrize("plane", ["tcp", "grpc"])

@@ -15,10 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
+from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp, shm_segment
 from cluster.collectives.options import CollectivePath, CollectiveSettings
 from cluster.errors import PeerUnavailableError
-from cluster.transport import shm
 from cluster.transport.inproc import InProcessHub
 
 from . import _threads
@@ -45,8 +44,8 @@ def _groups(hosts: list[int], **kwargs) -> tuple[InProcessHub, list[CollectiveGr
 
 
 def _our_segments() -> set[str]:
-    prefix = f"{shm.PREFIX}.{os.getuid()}."
-    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(prefix)}
+    prefix = f"{shm_segment.PREFIX}.{os.getuid()}."
+    return {n for n in os.listdir(shm_segment.SHM_DIR) if n.startswith(prefix)}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -154,16 +153,16 @@ def test_no_segment_is_left_in_dev_shm_once_the_group_is_set_up() -> None:
     before = _our_segments()
     _, groups = _groups([0, 0, 1, 1])
     run_ranks(lambda r: groups[r].all_reduce(np.ones(1000)), 4)
-    assert all(g._local is not None for g in groups)  # shared memory is mapped and in use
+    assert all(g._shm is not None for g in groups)  # shared memory is mapped and in use
     assert _our_segments() <= before
 
 
 def test_no_space_in_dev_shm_falls_back_to_the_network(monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    def full(size: int) -> shm.Segment:
+    def full(size: int) -> shm_segment.Segment:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shm.Segment, "create", staticmethod(full))
+    monkeypatch.setattr(shm_segment.Segment, "create", staticmethod(full))
     _, groups = _groups([0, 0, 1, 1])
     with caplog.at_level(logging.WARNING):
         results = run_ranks(lambda r: groups[r].all_reduce(np.arange(10) * r), 4)
@@ -174,22 +173,22 @@ def test_no_space_in_dev_shm_falls_back_to_the_network(monkeypatch: pytest.Monke
 
 def test_a_rank_that_cannot_attach_puts_its_whole_host_on_the_network(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    attach = shm.Segment.attach
+    attach = shm_segment.Segment.attach
 
-    def picky(name: str, size: int) -> shm.Segment:
+    def picky(name: str, size: int) -> shm_segment.Segment:
         import threading
 
         if threading.current_thread().name == "rank-3":
             raise PermissionError(errno.EACCES, "Permission denied")
         return attach(name, size)
 
-    monkeypatch.setattr(shm.Segment, "attach", staticmethod(picky))
+    monkeypatch.setattr(shm_segment.Segment, "attach", staticmethod(picky))
     before = _our_segments()
     _, groups = _groups([0, 0, 1, 1])
     results = run_ranks(lambda r: groups[r].all_reduce(np.full(700, r)), 4)
     assert all(np.array_equal(x, np.full(700, 6)) for x in results)
     assert groups[0].topology is not None and groups[0].topology.hosts == ((0, 1), (2,), (3,))
-    assert groups[2]._local is None and groups[3]._local is None
+    assert groups[2]._shm is None and groups[3]._shm is None
     assert _our_segments() <= before  # host 1's leader unlinked its segment all the same
 
 
@@ -199,17 +198,17 @@ def test_sweep_removes_segments_whose_creator_died_and_keeps_the_rest() -> None:
     child.start()
     child.join(30)
     dead_pid = child.pid
-    pidns = shm._pid_namespace()
-    base = f"{shm.PREFIX}.{os.getuid()}.{pidns}"
+    pidns = shm_segment._pid_namespace()
+    base = f"{shm_segment.PREFIX}.{os.getuid()}.{pidns}"
     dead = f"{base}.{dead_pid}.{'ab' * 8}"
     alive = f"{base}.{os.getpid()}.{'cd' * 8}"
-    foreign_ns = f"{shm.PREFIX}.{os.getuid()}.{pidns + 1}.{dead_pid}.{'ef' * 8}"
-    paths = [os.path.join(shm.SHM_DIR, n) for n in (dead, alive, foreign_ns)]
+    foreign_ns = f"{shm_segment.PREFIX}.{os.getuid()}.{pidns + 1}.{dead_pid}.{'ef' * 8}"
+    paths = [os.path.join(shm_segment.SHM_DIR, n) for n in (dead, alive, foreign_ns)]
     for p in paths:
         with open(p, "wb"):
             pass
     try:
-        removed = shm.sweep_stale()
+        removed = shm_segment.sweep_stale()
         assert dead in removed and not os.path.exists(paths[0])
         assert os.path.exists(paths[1]) and os.path.exists(paths[2])
     finally:
@@ -227,7 +226,7 @@ def test_a_co_located_peer_whose_process_is_gone_is_reported_within_a_moment() -
     child.join(30)
     hub, groups = _groups([0, 0, 0])
     run_ranks(lambda r: groups[r].barrier(), 3)
-    arena = groups[0]._local.arena  # type: ignore[union-attr]
+    arena = groups[0]._shm.arena  # type: ignore[union-attr]
     arena._pids[2] = child.pid  # rank 2 "died": its pid no longer exists
     start = time.monotonic()
     outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(3)), [0], return_exceptions=True,
@@ -243,4 +242,4 @@ def test_implementation_ring_keeps_a_group_off_shared_memory() -> None:
     groups = [_threads.new_group(t, options=ring) for t in hub.transports]
     results = run_ranks(lambda r: groups[r].all_reduce(np.ones(4), ReduceOp.SUM), 2)
     assert all(np.array_equal(x, np.full(4, 2.0)) for x in results)
-    assert all(g._local is None for g in groups)
+    assert all(g._shm is None for g in groups)

@@ -2,11 +2,12 @@
 
 :class:`HostNccl` wraps one :class:`~cluster.collectives.nccl.NcclComm` per local rank. Its
 communicator is built lazily, by the first :meth:`HostNccl.ready`, which is itself a collective
-of the local ranks (over their :class:`~cluster.collectives.local.LocalCollectives`): they learn
-each other's GPU and whether NCCL works there, agree on one answer, and, when it is yes, local
-rank 0's NCCL unique id reaches the others through the shared-memory arena. No network is used.
+of the local ranks (over their
+:class:`~cluster.collectives.shared_memory.SharedMemoryCollectives`): they learn each other's
+GPU and whether NCCL works there, agree on one answer, and, when it is yes, local rank 0's NCCL
+unique id reaches the others through the shared-memory arena. No network is used.
 
->>> host = HostNccl(group._local, timeout_seconds=60)  # doctest: +SKIP
+>>> host = HostNccl(shm_collectives, timeout_seconds=60)  # doctest: +SKIP
 >>> if host.ready(call.seq, signature, device, call.deadline):  # doctest: +SKIP
 ...     total = host.all_reduce(x, "SUM")
 """
@@ -18,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from cluster.collectives import nccl
-from cluster.collectives.local import LocalCollectives
 from cluster.collectives.ops import ReduceOp
+from cluster.collectives.shared_memory import SharedMemoryCollectives
 from cluster.deadline import Deadline
 
 __all__ = ["HostNccl"]
@@ -38,7 +39,8 @@ class HostNccl:
     time, as it does its collective group.
     """
 
-    def __init__(self, local: LocalCollectives, *, timeout_seconds: float | None = None) -> None:
+    def __init__(self, local: SharedMemoryCollectives, *,
+                 timeout_seconds: float | None = None) -> None:
         self._local = local
         self._timeout = timeout_seconds
         self._answer: bool | None = None  # set once by the first ready() that completes

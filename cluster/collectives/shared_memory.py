@@ -4,7 +4,7 @@ Each algorithm moves data in rounds of at most ``round_bytes`` per rank (see
 :mod:`~cluster.collectives.arena` for rounds, progress and the buffer reuse rule); with two
 staging buffers per rank, a rank fills round ``t + 1`` while slower peers still read round ``t``.
 
-- :meth:`LocalCollectives.all_reduce` picks by size. Small (one round, at most
+- :meth:`SharedMemoryCollectives.all_reduce` picks by size. Small (one round, at most
   ``whole_bytes``): every rank copies its value in, one wait, and every rank reduces all values
   itself (latency: one synchronisation). Large: a direct reduce-scatter (rank ``k`` reduces
   part ``k`` of every round, reading each peer's copy straight from its buffer, in rank order,
@@ -32,7 +32,7 @@ from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_int
 from cluster.collectives.schedule import Range, segments
 from cluster.deadline import Deadline
 
-__all__ = ["LocalCollectives", "auto_whole_bytes"]
+__all__ = ["SharedMemoryCollectives", "auto_whole_bytes"]
 
 
 def auto_whole_bytes(local_size: int, cpus: int | None = None) -> int:
@@ -48,7 +48,7 @@ def auto_whole_bytes(local_size: int, cpus: int | None = None) -> int:
     return (16 << 10) if local_size <= cpus else (512 << 10)
 
 
-class LocalCollectives:
+class SharedMemoryCollectives:
     """The collectives of one rank over ``arena``; every local rank makes the same calls.
 
     Each method takes the collective's ``seq`` and ``signature`` (for mismatch detection), and

@@ -1,4 +1,4 @@
-"""NCCL among the co-located ranks of one host (``cluster.collectives.device.HostNccl``).
+"""NCCL among the co-located ranks of one host (``cluster.collectives.host_nccl.HostNccl``).
 
 Threads stand in for the ranks of one host (their groups share a shared-memory arena) and the
 fake CuPy of ``_fake_cupy`` stands in for the GPUs, so the set-up (gather of devices, broadcast
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.collectives import device as devicemod
-from cluster.collectives.device import HostNccl
+from cluster.collectives import host_nccl as host_nccl_mod
+from cluster.collectives.host_nccl import HostNccl
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.deadline import Deadline
 from cluster.errors import CollectiveTimeoutError
@@ -37,7 +37,7 @@ def _hosts(n: int, **kwargs: Any) -> list[HostNccl]:
     """``n`` ranks on one host, their arenas mapped (a first collective sets them up)."""
     _, groups = make_groups(n)
     run_ranks(lambda r: groups[r].barrier(), n)
-    locals_ = [g._local for g in groups]
+    locals_ = [g._shm for g in groups]
     assert all(loc is not None for loc in locals_), "the shared-memory path was not taken"
     return [HostNccl(loc, **kwargs) for loc in locals_]  # type: ignore[arg-type]
 
@@ -68,8 +68,8 @@ def test_not_ready_when_two_ranks_share_a_device(fake: FakeCuda) -> None:
 
 
 def test_not_ready_when_one_rank_lacks_nccl(fake: FakeCuda, monkeypatch) -> None:
-    real = devicemod.nccl.available
-    monkeypatch.setattr(devicemod.nccl, "available",
+    real = host_nccl_mod.nccl.available
+    monkeypatch.setattr(host_nccl_mod.nccl, "available",
                         lambda: threading.current_thread().name != "rank-1" and real())
     hosts = _hosts(3)
     assert _ready(hosts, [0, 1, 2]) == [False, False, False]
@@ -124,7 +124,7 @@ def test_later_calls_return_the_cached_answer_without_communicating(
     for h in hosts:
         for name in ["all_gather", "broadcast", "all_reduce", "barrier"]:
             monkeypatch.setattr(h._local, name, no_communication)
-    monkeypatch.setattr(devicemod.nccl, "NcclComm", no_communication)
+    monkeypatch.setattr(host_nccl_mod.nccl, "NcclComm", no_communication)
     # One rank alone: a collective would also hang, waiting for the other.
     assert hosts[1].ready(2, "another signature", 1, Deadline.after(1)) is True
     assert hosts[0].ready(7, SIG, 0, Deadline.after(1)) is True

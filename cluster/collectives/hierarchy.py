@@ -1,0 +1,198 @@
+"""The collectives of the ``LOCAL`` and ``HIER`` routes: shared memory inside a host, and the
+hierarchical all-reduce across hosts.
+
+:class:`HostCollectives` runs them for one rank of a
+:class:`~cluster.collectives.group.CollectiveGroup` whose hosts are set up
+(:mod:`~cluster.collectives.topology`; the route comes from
+:func:`~cluster.collectives.route.choose_route`):
+
+- ``LOCAL``: the group is one host; every collective is a
+  :class:`~cluster.collectives.shared_memory.SharedMemoryCollectives` call.
+- ``HIER``: an all-reduce across hosts. SUM (or MAX/MIN) inside each host over shared memory,
+  the host totals across one leader per host over the network, MEAN's division once by each
+  leader, then a broadcast inside each host, so every rank gets its leader's bytes. The whole
+  group first runs the network handshake, so ranks on different paths or with different
+  arguments fail at once instead of waiting in shared memory.
+- CuPy all-reduces on either route use NCCL among the host's GPUs
+  (:class:`~cluster.collectives.host_nccl.HostNccl`) where every local rank can; host memory is
+  then touched only by the leader's copy that crosses the network.
+
+Every method takes the group's :class:`Call` and computes; arguments are validated by the group.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from cluster.collectives import _packing
+from cluster.collectives._arrays import stage
+from cluster.collectives._buffers import BufferPool
+from cluster.collectives._call import Call
+from cluster.collectives._packing import spec
+from cluster.collectives.host_nccl import HostNccl
+from cluster.collectives.network import NetworkCollectives
+from cluster.collectives.ops import ReduceOp, check_reducible
+from cluster.collectives.route import Route
+from cluster.collectives.schedule import Range
+from cluster.collectives.shared_memory import SharedMemoryCollectives
+
+__all__ = ["AcrossLeaders", "HostCollectives"]
+
+AcrossLeaders = Callable[[Call, np.ndarray, ReduceOp], None]
+"""On a host's leader: all-reduce the host's flat total in place across the leaders, then
+apply MEAN's division over the whole group (the group's part of the ``HIER`` route)."""
+
+
+class HostCollectives:
+    """One rank's ``LOCAL`` and ``HIER`` collectives.
+
+    - ``shm``: this rank's shared-memory collectives; ``None`` when it is alone on its host
+      (it then takes part in ``HIER`` all-reduces as its host's leader only).
+    - ``network``: the whole group's network collectives (for the ``HIER`` handshake).
+    - ``across_leaders``: set on host leaders of a group of several hosts, else ``None``.
+    - ``configs``: the signature text of each route
+      (:func:`~cluster.collectives.route.shm_config`, ``hier_config``).
+    - ``world_size``: the group's size (MEAN's divisor on a ``LOCAL`` route).
+    """
+
+    def __init__(
+        self,
+        shm: SharedMemoryCollectives | None,
+        network: NetworkCollectives,
+        *,
+        across_leaders: AcrossLeaders | None,
+        configs: Mapping[Route, str],
+        world_size: int,
+        buffers: BufferPool,
+    ) -> None:
+        self.shm = shm
+        self._network = network
+        self._across_leaders = across_leaders
+        self._configs = dict(configs)
+        self._world_size = world_size
+        self._buffers = buffers
+        self._nccl: HostNccl | None = None  # NCCL among the host's GPUs, once a CuPy value came
+
+    def config(self, route: Route) -> str:
+        """The signature text of ``route`` (``LOCAL`` or ``HIER``)."""
+        return self._configs[route]
+
+    # -- all-reduce ------------------------------------------------------------------------------
+
+    def all_reduce(self, call: Call, route: Route, array: np.ndarray, owned: bool,
+                   op: ReduceOp) -> np.ndarray:
+        """``op`` of ``array`` over the group, flat; reduces into ``array`` when ``owned``."""
+        work, source = self._buffers.output_for(array, owned)
+        signature = f"all_reduce {op.value} {spec(array)} {self.config(route)}"
+        if route is Route.HIER:
+            self._network.handshake(call, signature)
+        self._reduce(call, route, signature, work if source is None else source, work, op)
+        return work
+
+    def all_reduce_many(self, call: Call, route: Route, arrays: list[np.ndarray],
+                        plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
+        """``op`` of each array, packed as ``plan`` says; results are views of the packs."""
+        signature = (
+            f"all_reduce_many {op.value} {_packing.describe(arrays)} "
+            f"pack={call.options.bytes_per_pack} {self.config(route)}"
+        )
+        if route is Route.HIER:
+            self._network.handshake(call, signature)
+        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        for indices in plan:
+            members = [arrays[i] for i in indices]
+            buffer, ranges = _packing.pack(members)
+            self._reduce(call, route, signature, buffer, buffer, op)
+            views = _packing.unpack(buffer, ranges, [a.shape for a in members])
+            for i, view in zip(indices, views, strict=True):
+                results[i] = view
+        return results
+
+    def device_all_reduce(self, call: Call, route: Route, value: Any, op: ReduceOp) -> Any:
+        """A CuPy all-reduce (needs ``shm``): NCCL among the host's GPUs, host memory only at
+        the host boundary (the leader's copy that crosses the network). Without NCCL on every
+        local rank, or with two ranks on one GPU, the host path under the same signature."""
+        check_reducible(value.dtype, "all_reduce")
+        assert self.shm is not None
+        signature = f"all_reduce {op.value} {spec(value)} device/{self.config(route)}"
+        if route is Route.HIER:
+            self._network.handshake(call, signature)
+        if self._nccl is None:
+            self._nccl = HostNccl(self.shm, timeout_seconds=call.options.deadline_seconds)
+        if not self._nccl.ready(call.seq, signature, value.device.id, call.deadline):
+            staged = stage(value, "all_reduce")
+            work, source = self._buffers.output_for(staged.array, staged.owned)
+            self._reduce(call, route, signature, work if source is None else source, work, op)
+            return staged.restore(work.reshape(staged.array.shape))
+        if route is Route.LOCAL:
+            return self._nccl.all_reduce(value, op)
+        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        total = self._nccl.all_reduce(value, inner)
+        if self._across_leaders is not None:  # the host boundary: one copy out, one back in
+            host = total.get().reshape(-1)
+            self._across_leaders(call, host, op)
+            with total.device:
+                total = sys.modules["cupy"].asarray(host.reshape(value.shape))
+        return self._nccl.broadcast(total, 0)
+
+    def _reduce(self, call: Call, route: Route, signature: str, src: np.ndarray,
+                work: np.ndarray, op: ReduceOp) -> None:
+        """All-reduce flat ``src`` into ``work`` (may be ``src``) on ``route``."""
+        if route is Route.LOCAL:
+            assert self.shm is not None
+            self.shm.all_reduce(call.seq, signature, src, work, op, self._world_size,
+                                call.deadline)
+            return
+        # Hierarchical: SUM (or MAX/MIN) inside the host, across leaders, then MEAN's division
+        # once by the leader, whose bytes every local rank copies.
+        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        if self.shm is not None:
+            self.shm.all_reduce(call.seq, signature, src, work, inner, 1, call.deadline)
+        elif work is not src:
+            np.copyto(work, src)
+        if self._across_leaders is not None:
+            self._across_leaders(call, work, op)
+        if self.shm is not None:
+            self.shm.broadcast(call.seq, signature, work, 0, call.deadline)
+
+    # -- the other collectives (LOCAL only) ------------------------------------------------------
+
+    def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
+        """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""
+        assert self.shm is not None
+        moved = np.moveaxis(array, axis, 0)
+        rows, rest = moved.shape[0], moved.shape[1:]
+        shape = ",".join("?" if d == axis else str(n) for d, n in enumerate(array.shape))
+        flat = np.ascontiguousarray(moved).reshape(-1)
+        signature = f"all_gather {array.dtype}[{shape}] axis={axis} {self.config(Route.LOCAL)}"
+        all_rows, out = self.shm.all_gather(call.seq, signature, flat, call.deadline,
+                                            rows=rows, row_items=math.prod(rest))
+        gathered = out.reshape((sum(all_rows), *rest))
+        return gathered if axis == 0 else np.ascontiguousarray(np.moveaxis(gathered, 0, axis))
+
+    def broadcast(self, call: Call, array: np.ndarray, work: np.ndarray, root: int) -> None:
+        """Copy the root's flat ``work`` into ``work`` on every other rank (``array``: the
+        caller's value, for the signature)."""
+        assert self.shm is not None
+        signature = f"broadcast root={root} {spec(array)} {self.config(Route.LOCAL)}"
+        self.shm.broadcast(call.seq, signature, work, root, call.deadline)
+
+    def reduce_scatter(self, call: Call, array: np.ndarray, bounds: list[Range],
+                       op: ReduceOp) -> np.ndarray:
+        """A flat array whose ``bounds[rank]`` holds ``op`` of ``array`` over all ranks there."""
+        assert self.shm is not None
+        work = np.empty(array.size, array.dtype)
+        signature = f"reduce_scatter {op.value} {spec(array)} {self.config(Route.LOCAL)}"
+        self.shm.reduce_scatter(call.seq, signature, np.ascontiguousarray(array).reshape(-1),
+                                work, bounds, op, self._world_size, call.deadline)
+        return work
+
+    def barrier(self, call: Call) -> None:
+        """Return once every rank has entered this barrier."""
+        assert self.shm is not None
+        self.shm.barrier(call.seq, "barrier shm", call.deadline)

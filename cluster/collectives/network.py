@@ -1,0 +1,201 @@
+"""The collectives over the network: each one an :class:`~cluster.collectives._exchange.Exchange`
+driven by the algorithms of :mod:`~cluster.collectives.ring`,
+:mod:`~cluster.collectives.doubling` and :mod:`~cluster.collectives.broadcast`.
+
+:class:`NetworkCollectives` runs the ``NETWORK`` route of a
+:class:`~cluster.collectives.group.CollectiveGroup` (and the leaders' part of its ``HIER``
+route). It only computes: arguments are validated and the call numbered by the group. Each
+method opens one exchange under a signature naming the kind, the arguments and the algorithm
+(ranks that disagree fail the handshake), runs the algorithm, and ends the exchange.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cluster.collectives import _packing, broadcast, doubling, ring
+from cluster.collectives._buffers import BufferPool, working_copy
+from cluster.collectives._call import Call
+from cluster.collectives._exchange import Exchange
+from cluster.collectives._packing import spec
+from cluster.collectives.arena import Arena
+from cluster.collectives.ops import ReduceOp
+from cluster.collectives.options import CollectiveSettings, CommunicationOptions
+from cluster.collectives.route import algorithm_config, network_algorithm
+from cluster.collectives.schedule import Range, segments
+from cluster.transport.api import Transport
+
+__all__ = ["NetworkCollectives"]
+
+
+class NetworkCollectives:
+    """One rank's network collectives in group ``name`` over ``transport``.
+
+    Every rank of the group makes the same calls, each under the :class:`Call` its group
+    numbered. ``small_message_bytes`` and ``chunk_bytes`` feed
+    :func:`~cluster.collectives.route.network_algorithm`; results too large for malloc's heap
+    come from ``buffers``. When the group's co-located ranks share an arena, set :attr:`arena`:
+    every signature is then announced there too, so a co-located peer that took the
+    shared-memory path for the same call detects the mismatch instead of waiting.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        name: str,
+        *,
+        settings: CollectiveSettings,
+        small_message_bytes: int,
+        chunk_bytes: int,
+        buffers: BufferPool,
+    ) -> None:
+        self._transport = transport
+        self._name = name
+        self._settings = settings
+        self._small = small_message_bytes
+        self._chunk = chunk_bytes
+        self._buffers = buffers
+        self.arena: Arena | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._transport.world_size
+
+    def algorithm(self, nbytes: int, options: CommunicationOptions) -> str:
+        """:func:`~cluster.collectives.route.network_algorithm` with this group's sizes."""
+        return network_algorithm(self._settings, options, nbytes,
+                                 small_message_bytes=self._small, chunk_bytes=self._chunk)
+
+    def algorithm_config(self, options: CommunicationOptions) -> str:
+        """:func:`~cluster.collectives.route.algorithm_config` with this group's sizes."""
+        return algorithm_config(self._settings, options,
+                                small_message_bytes=self._small, chunk_bytes=self._chunk)
+
+    def exchange(self, call: Call, signature: str) -> Exchange:
+        """The exchange of ``call`` among all ranks, under ``signature``."""
+        if self.arena is not None:
+            # Co-located peers on the shared-memory path compare this with their own signature.
+            self.arena.announce(call.seq, signature)
+        return Exchange(
+            self._transport,
+            group=self._name,
+            seq=call.seq,
+            kind=call.kind,
+            signature=signature,
+            deadline=call.deadline,
+        )
+
+    def handshake(self, call: Call, signature: str) -> None:
+        """The handshake of the whole group alone (see ``_exchange``), before anything waits:
+        ranks on different paths or with different arguments fail here, at once."""
+        self.exchange(call, signature).end()
+
+    # -- the collectives (two ranks or more) -----------------------------------------------------
+
+    def all_reduce(self, call: Call, array: np.ndarray, owned: bool, op: ReduceOp) -> np.ndarray:
+        """``op`` of ``array`` over all ranks, flat; reduces into ``array`` when ``owned``."""
+        algorithm = self.algorithm(array.nbytes, call.options)
+        ex = self.exchange(call, f"all_reduce {op.value} {spec(array)} {algorithm}")
+        if algorithm == "doubling":
+            work = working_copy(array, owned)
+            doubling.all_reduce(ex, work, op)
+        else:
+            # The ring reads the input where it lies and writes each result byte once.
+            work, source = self._buffers.output_for(array, owned)
+            bounds = segments(work.size, self.world_size)
+            ring.all_reduce(ex, work, bounds, op, self._chunk, source=source)
+        ex.end()
+        return work
+
+    def all_reduce_many(self, call: Call, arrays: list[np.ndarray], plan: list[list[int]],
+                        op: ReduceOp) -> list[np.ndarray]:
+        """``op`` of each array, packed as ``plan`` says (lists of indices into ``arrays``), in
+        one exchange; each pack picks its algorithm by its size. Results are views of the
+        packs. With one rank, only packs and unpacks."""
+        ex = None
+        if self.world_size > 1:
+            signature = (
+                f"all_reduce_many {op.value} {_packing.describe(arrays)} "
+                f"pack={call.options.bytes_per_pack} {self.algorithm_config(call.options)}"
+            )
+            ex = self.exchange(call, signature)
+        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        step = 0
+        for indices in plan:
+            members = [arrays[i] for i in indices]
+            buffer, ranges = _packing.pack(members)
+            if ex is not None:
+                algorithm = self.algorithm(buffer.nbytes, call.options)
+                step = self._reduce(ex, buffer, op, algorithm, first_step=step)
+            views = _packing.unpack(buffer, ranges, [a.shape for a in members])
+            for i, view in zip(indices, views, strict=True):
+                results[i] = view
+        if ex is not None:
+            ex.end()
+        return results
+
+    def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
+        """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""
+        moved = np.moveaxis(array, axis, 0)
+        rows, rest = moved.shape[0], moved.shape[1:]
+        row_elems = math.prod(rest)
+        shape = ",".join("?" if d == axis else str(n) for d, n in enumerate(array.shape))
+        ex = self.exchange(
+            call, f"all_gather {array.dtype}[{shape}] axis={axis} ring/{self._chunk}"
+        )
+        # Phase 1: every rank's size along the axis (they may differ, as in tf.distribute).
+        sizes = np.zeros(self.world_size, np.int64)
+        sizes[self.rank] = rows
+        unit = segments(self.world_size, self.world_size)
+        step = ring.all_gather(ex, sizes, unit, self._chunk)
+        # Phase 2: the data, straight into the output buffer.
+        offsets = np.concatenate([[0], np.cumsum(sizes)]) * row_elems
+        bounds = [(int(offsets[i]), int(offsets[i + 1])) for i in range(self.world_size)]
+        out = np.empty(int(offsets[-1]), dtype=array.dtype)
+        lo, hi = bounds[self.rank]
+        np.copyto(out[lo:hi].reshape(moved.shape), moved)
+        ring.all_gather(ex, out, bounds, self._chunk, first_step=step)
+        ex.end()
+        gathered = out.reshape((int(sizes.sum()), *rest))
+        return gathered if axis == 0 else np.ascontiguousarray(np.moveaxis(gathered, 0, axis))
+
+    def broadcast(self, call: Call, array: np.ndarray, work: np.ndarray, root: int) -> None:
+        """Copy the root's flat ``work`` into ``work`` on every other rank (``array``: the
+        caller's value, for the signature)."""
+        ex = self.exchange(call, f"broadcast root={root} {spec(array)} chain/{self._chunk}")
+        broadcast.chain_broadcast(ex, work, root, self._chunk)
+        ex.end()
+
+    def reduce_scatter(self, call: Call, array: np.ndarray, bounds: list[Range],
+                       op: ReduceOp) -> np.ndarray:
+        """A flat array whose ``bounds[rank]`` holds ``op`` of ``array`` over all ranks there."""
+        algorithm = self.algorithm(array.nbytes, call.options)
+        ex = self.exchange(call, f"reduce_scatter {op.value} {spec(array)} {algorithm}")
+        if algorithm.startswith("ring"):
+            work, source = self._buffers.output_for(array, owned=False)
+            ring.reduce_scatter(ex, work, bounds, op, self._chunk, source=source)
+        else:  # latency-bound: all-reduce in log2(N) rounds, keep our segment
+            work = working_copy(array, owned=False)
+            doubling.all_reduce(ex, work, op)
+        ex.end()
+        return work
+
+    def barrier(self, call: Call) -> None:
+        """Return once every rank has entered this barrier."""
+        ex = self.exchange(call, "barrier")
+        doubling.all_reduce(ex, np.empty(0, np.uint8), None)
+        ex.end()
+
+    def _reduce(
+        self, ex: Exchange, work: np.ndarray, op: ReduceOp, algorithm: str, first_step: int
+    ) -> int:
+        if algorithm == "doubling":
+            return doubling.all_reduce(ex, work, op, first_step)
+        bounds = segments(work.size, self.world_size)
+        return ring.all_reduce(ex, work, bounds, op, self._chunk, first_step)

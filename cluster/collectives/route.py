@@ -1,0 +1,143 @@
+"""Which path and which network algorithm a collective takes: pure decisions, table-tested.
+
+A :class:`~cluster.collectives.group.CollectiveGroup` decides each call in two steps, both
+functions of values every rank holds alike (so every rank decides alike):
+
+1. :func:`choose_route`: ``LOCAL`` (shared memory only: the group is on one host), ``HIER``
+   (an all-reduce across hosts: reduce inside each host, the network across one leader per
+   host, broadcast inside) or ``NETWORK`` (everything over the transport);
+2. :func:`network_algorithm`, for what crosses the network: recursive doubling (latency-bound
+   messages) or the pipelined ring.
+
+The ``*_config`` functions give the text each route adds to a collective's signature, so ranks
+configured differently fail with a mismatch instead of waiting for each other's messages.
+
+>>> from cluster.collectives.options import CollectiveSettings, CommunicationOptions
+>>> choose_route(Topology(((0, 1),), 0), CollectiveSettings(), CommunicationOptions(),
+...              "all_reduce")
+<Route.LOCAL: 'local'>
+>>> network_algorithm(CollectiveSettings(), CommunicationOptions(), 1024,
+...                   small_message_bytes=64 * 1024, chunk_bytes=4 << 20)
+'doubling'
+"""
+
+from __future__ import annotations
+
+import enum
+
+from cluster.collectives.options import (
+    Algorithm,
+    CollectivePath,
+    CollectiveSettings,
+    CommunicationImplementation,
+    CommunicationOptions,
+)
+from cluster.collectives.topology import Topology
+
+__all__ = [
+    "KINDS",
+    "Route",
+    "algorithm_config",
+    "choose_route",
+    "hier_config",
+    "network_algorithm",
+    "shm_config",
+]
+
+KINDS = frozenset({"all_reduce", "all_gather", "broadcast", "reduce_scatter", "barrier"})
+"""The kinds :func:`choose_route` decides for (``all_reduce_many`` routes as ``all_reduce``)."""
+
+
+class Route(enum.Enum):
+    """The path of one collective call."""
+
+    LOCAL = "local"
+    HIER = "hier"
+    NETWORK = "network"
+
+
+def choose_route(
+    topology: Topology | None,
+    settings: CollectiveSettings,
+    options: CommunicationOptions,
+    kind: str,
+) -> Route:
+    """The route of a collective of ``kind`` in a group of several ranks.
+
+    - ``topology`` is ``None`` when the group never set up its hosts (a network-only group,
+      such as the leaders of a hierarchical one): ``NETWORK``.
+    - ``settings.path=NETWORK``, a forced ``settings.algorithm`` or
+      ``options.implementation=RING`` (the call's options) put everything on the network.
+    - One host: every collective is ``LOCAL``. Several hosts of which one at least shares
+      memory: all-reduces are ``HIER``, the other kinds ``NETWORK``.
+
+    Raises ``ValueError`` for a ``kind`` outside :data:`KINDS`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; one of {sorted(KINDS)}")
+    if (
+        topology is None
+        or settings.path is CollectivePath.NETWORK
+        or settings.algorithm is not Algorithm.AUTO
+        or options.implementation is CommunicationImplementation.RING
+    ):
+        return Route.NETWORK
+    if topology.single_host:
+        return Route.LOCAL
+    if kind == "all_reduce" and topology.shares_memory:
+        return Route.HIER
+    return Route.NETWORK
+
+
+def network_algorithm(
+    settings: CollectiveSettings,
+    options: CommunicationOptions,
+    nbytes: int,
+    *,
+    small_message_bytes: int,
+    chunk_bytes: int,
+) -> str:
+    """``"doubling"`` or ``"ring/<chunk_bytes>"`` for a network reduction of ``nbytes``.
+
+    A forced ``settings.algorithm`` wins; else ``implementation=RING`` (or ``NCCL``, which has
+    no network algorithm of its own) takes the ring at every size; else messages below
+    ``small_message_bytes`` use recursive doubling and larger ones the ring. The text is part
+    of the collective's signature.
+    """
+    if settings.algorithm is Algorithm.DOUBLING:
+        return "doubling"
+    ring_forced = settings.algorithm is Algorithm.RING or options.implementation in (
+        CommunicationImplementation.RING,
+        CommunicationImplementation.NCCL,
+    )
+    if ring_forced or nbytes >= small_message_bytes:
+        return f"ring/{chunk_bytes}"
+    return "doubling"
+
+
+def algorithm_config(
+    settings: CollectiveSettings,
+    options: CommunicationOptions,
+    *,
+    small_message_bytes: int,
+    chunk_bytes: int,
+) -> str:
+    """Everything :func:`network_algorithm` depends on but the size, as signature text (for
+    calls that pick an algorithm per pack)."""
+    return (f"{settings.algorithm.value}/{options.implementation.value}/"
+            f"{small_message_bytes}/{chunk_bytes}")
+
+
+def shm_config(round_bytes: int, whole_bytes: int | None) -> str:
+    """The ``LOCAL`` route's signature text: the shared-memory layout and algorithm switch."""
+    whole = "auto" if whole_bytes is None else whole_bytes
+    return f"shm/{round_bytes}/{whole}"
+
+
+def hier_config(topology: Topology, round_bytes: int, whole_bytes: int | None,
+                algorithm: str) -> str:
+    """The ``HIER`` route's signature text: the shared-memory layout, the hosts, and the
+    leaders' :func:`algorithm_config`."""
+    whole = "auto" if whole_bytes is None else whole_bytes
+    hosts = "|".join(",".join(map(str, h)) for h in topology.hosts)
+    return f"hier/{round_bytes}/{whole}/{hosts}/{algorithm}"

@@ -1,0 +1,159 @@
+"""The route and network-algorithm decisions: table tests, no transport involved."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.collectives.options import (
+    Algorithm,
+    CollectivePath,
+    CollectiveSettings,
+    CommunicationImplementation,
+    CommunicationOptions,
+)
+from cluster.collectives.route import (
+    KINDS,
+    Route,
+    algorithm_config,
+    choose_route,
+    hier_config,
+    network_algorithm,
+    shm_config,
+)
+from cluster.collectives.topology import Topology
+
+pytestmark = pytest.mark.path_independent
+
+AUTO = CollectiveSettings()
+NETWORK_PATH = CollectiveSettings(path=CollectivePath.NETWORK)
+FORCED_RING = CollectiveSettings(algorithm=Algorithm.RING)
+FORCED_DOUBLING = CollectiveSettings(algorithm=Algorithm.DOUBLING)
+DEFAULT = CommunicationOptions()
+RING = CommunicationOptions(implementation=CommunicationImplementation.RING)
+NCCL = CommunicationOptions(implementation=CommunicationImplementation.NCCL)
+
+ONE_HOST = Topology(((0, 1, 2),), 0)
+TWO_HOSTS = Topology(((0, 1), (2, 3)), 0)
+MIXED = Topology(((0,), (1, 2)), 0)  # a rank alone on its host beside a shared host
+ALONE = Topology(((0,), (1,), (2,)), 0)  # nobody shares memory (the path was off, or failed)
+
+# -- choose_route --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topology", "settings", "options", "kind", "expected"),
+    [
+        # One host: every collective stays in shared memory.
+        (ONE_HOST, AUTO, DEFAULT, "all_reduce", Route.LOCAL),
+        (ONE_HOST, AUTO, DEFAULT, "all_gather", Route.LOCAL),
+        (ONE_HOST, AUTO, DEFAULT, "broadcast", Route.LOCAL),
+        (ONE_HOST, AUTO, DEFAULT, "reduce_scatter", Route.LOCAL),
+        (ONE_HOST, AUTO, DEFAULT, "barrier", Route.LOCAL),
+        (ONE_HOST, AUTO, NCCL, "all_reduce", Route.LOCAL),  # NCCL is AUTO for host memory
+        # Several hosts: all-reduces are hierarchical, the rest use the network.
+        (TWO_HOSTS, AUTO, DEFAULT, "all_reduce", Route.HIER),
+        (TWO_HOSTS, AUTO, DEFAULT, "all_gather", Route.NETWORK),
+        (TWO_HOSTS, AUTO, DEFAULT, "broadcast", Route.NETWORK),
+        (TWO_HOSTS, AUTO, DEFAULT, "reduce_scatter", Route.NETWORK),
+        (TWO_HOSTS, AUTO, DEFAULT, "barrier", Route.NETWORK),
+        (MIXED, AUTO, DEFAULT, "all_reduce", Route.HIER),
+        (MIXED, AUTO, DEFAULT, "barrier", Route.NETWORK),
+        # Nobody shares memory: nothing to gain from a hierarchy.
+        (ALONE, AUTO, DEFAULT, "all_reduce", Route.NETWORK),
+        (ALONE, AUTO, DEFAULT, "broadcast", Route.NETWORK),
+        # Hosts never set up (a network-only group, e.g. the leaders).
+        (None, AUTO, DEFAULT, "all_reduce", Route.NETWORK),
+        (None, AUTO, DEFAULT, "barrier", Route.NETWORK),
+        # The switches that keep everything on the network, whatever the hosts.
+        (ONE_HOST, AUTO, RING, "all_reduce", Route.NETWORK),
+        (ONE_HOST, AUTO, RING, "barrier", Route.NETWORK),
+        (TWO_HOSTS, AUTO, RING, "all_reduce", Route.NETWORK),
+        (ONE_HOST, NETWORK_PATH, DEFAULT, "all_reduce", Route.NETWORK),
+        (TWO_HOSTS, NETWORK_PATH, DEFAULT, "all_reduce", Route.NETWORK),
+        (ONE_HOST, FORCED_RING, DEFAULT, "all_reduce", Route.NETWORK),
+        (ONE_HOST, FORCED_DOUBLING, DEFAULT, "broadcast", Route.NETWORK),
+        (TWO_HOSTS, FORCED_DOUBLING, DEFAULT, "all_reduce", Route.NETWORK),
+    ],
+)
+def test_choose_route_table(
+    topology: Topology | None,
+    settings: CollectiveSettings,
+    options: CommunicationOptions,
+    kind: str,
+    expected: Route,
+) -> None:
+    assert choose_route(topology, settings, options, kind) is expected
+
+
+def test_choose_route_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="all_reduce_many"):
+        choose_route(ONE_HOST, AUTO, DEFAULT, "all_reduce_many")  # routes as all_reduce
+    assert "all_reduce" in KINDS and "all_reduce_many" not in KINDS
+
+
+def test_every_rank_of_a_host_decides_alike() -> None:
+    # The decision must not depend on which rank asks: ranks of one group call it alike.
+    for kind in sorted(KINDS):
+        routes = {choose_route(Topology(TWO_HOSTS.hosts, r), AUTO, DEFAULT, kind)
+                  for r in range(4)}
+        assert len(routes) == 1, kind
+
+
+# -- network_algorithm ---------------------------------------------------------------------------
+
+SMALL = 64 * 1024
+CHUNK = 4 << 20
+
+
+@pytest.mark.parametrize(
+    ("settings", "options", "nbytes", "expected"),
+    [
+        (AUTO, DEFAULT, 0, "doubling"),
+        (AUTO, DEFAULT, 1024, "doubling"),
+        (AUTO, DEFAULT, SMALL - 1, "doubling"),
+        (AUTO, DEFAULT, SMALL, f"ring/{CHUNK}"),  # the threshold itself is large
+        (AUTO, DEFAULT, 1 << 30, f"ring/{CHUNK}"),
+        (AUTO, RING, 0, f"ring/{CHUNK}"),  # RING: the ring at every size
+        (AUTO, NCCL, 1024, f"ring/{CHUNK}"),  # no network NCCL: falls back as TF does
+        (NETWORK_PATH, DEFAULT, 1024, "doubling"),  # the path alone does not pick an algorithm
+        (FORCED_RING, DEFAULT, 1024, f"ring/{CHUNK}"),
+        (FORCED_DOUBLING, DEFAULT, 1 << 30, "doubling"),
+        (FORCED_DOUBLING, RING, 1 << 30, "doubling"),  # the forced algorithm wins over RING
+    ],
+)
+def test_network_algorithm_table(
+    settings: CollectiveSettings, options: CommunicationOptions, nbytes: int, expected: str
+) -> None:
+    got = network_algorithm(settings, options, nbytes, small_message_bytes=SMALL,
+                            chunk_bytes=CHUNK)
+    assert got == expected
+
+
+def test_network_algorithm_with_no_small_messages_always_rings() -> None:
+    assert network_algorithm(AUTO, DEFAULT, 0, small_message_bytes=0, chunk_bytes=8) == "ring/8"
+
+
+# -- signature text ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "options", "expected"),
+    [
+        (AUTO, DEFAULT, f"auto/AUTO/{SMALL}/{CHUNK}"),
+        (FORCED_RING, RING, f"ring/RING/{SMALL}/{CHUNK}"),
+        (FORCED_DOUBLING, NCCL, f"doubling/NCCL/{SMALL}/{CHUNK}"),
+    ],
+)
+def test_algorithm_config_names_every_input_but_the_size(
+    settings: CollectiveSettings, options: CommunicationOptions, expected: str
+) -> None:
+    got = algorithm_config(settings, options, small_message_bytes=SMALL, chunk_bytes=CHUNK)
+    assert got == expected
+
+
+def test_route_configs_name_the_layout_and_hosts() -> None:
+    assert shm_config(1024, 256) == "shm/1024/256"
+    assert shm_config(4 << 20, None) == f"shm/{4 << 20}/auto"
+    got = hier_config(TWO_HOSTS, 1024, None, "auto/AUTO/1/2")
+    assert got == "hier/1024/auto/0,1|2,3/auto/AUTO/1/2"
+    assert hier_config(MIXED, 64, 0, "x") == "hier/64/0/0|1,2/x"
