@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cluster.ctl.launcher import LaunchError, launch
 from cluster.ctl.spec import ClusterFile, load_cluster_file
-from cluster.ctl.tfconfig import assign_addresses, tf_config
+from cluster.ctl.task_config import assign_addresses, tf_config
 from cluster.errors import ClusterFileError
 
 __all__ = ["build_parser", "main"]

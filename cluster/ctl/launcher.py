@@ -42,7 +42,7 @@ from cluster import exitcodes, lifecycle
 from cluster.ctl import policy
 from cluster.ctl._output import Console, LineSplitter, use_color
 from cluster.ctl.spec import ClusterFile
-from cluster.ctl.tfconfig import assign_addresses, tf_config
+from cluster.ctl.task_config import assign_addresses, tf_config
 from cluster.deadline import Deadline
 from cluster.errors import ClusterError
 from cluster.settings import (
