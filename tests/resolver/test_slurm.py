@@ -125,8 +125,8 @@ def test_ports_count_up_from_port_base_on_each_node(env):
 
 
 def test_tasks_are_packed_onto_hostnames_in_sorted_string_order_as_tf_does(env):
-    # TF sorts hostnames as strings, so node10 comes before node9 (TF's behaviour wins over its
-    # docstring, DESIGN.md); tasks-per-node counts stay attached to their own host.
+    # TF sorts hostnames as strings, so node10 comes before node9 (TF's code wins over its
+    # docstring); tasks-per-node counts stay attached to their own host.
     env(procid=0, num_tasks=3, nodelist="node[9-10]", tasks_per_node="2,1")
     spec = SlurmClusterResolver().cluster_spec()
     assert spec.as_dict() == {"worker": ["node10:8888", "node9:8888", "node9:8889"]}
