@@ -28,7 +28,7 @@ TensorFlow behaviours kept on purpose:
 * ``environment`` is the constructor argument (default ``None``); TF ignores any
   ``"environment"`` key in TF_CONFIG, and so does this class.
 
-Malformed TF_CONFIG raises ``ClusterConfigError`` (see ``resolver._tf_config``).
+Malformed TF_CONFIG raises ``ClusterConfigError`` (see ``resolver._tf_config_parser``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import json
 import os
 from typing import Any
 
-from resolver._tf_config import TFConfig, parse_tf_config
+from resolver._tf_config_parser import TFConfig, parse_tf_config
 from resolver.base import ClusterResolver, format_master_url
 from resolver.cluster_spec import ClusterSpec
 

@@ -3,7 +3,6 @@ a terminal, and the launcher's own lines prefixed ``[clusterctl]``."""
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TextIO
 
@@ -14,11 +13,12 @@ _RESET = "\033[0m"
 
 
 def use_color(stream: TextIO, choice: str = "auto") -> bool:
-    """``always``/``never``, or ``auto``: a terminal and ``NO_COLOR`` unset."""
+    """``always``/``never``, or ``auto``: whether ``stream`` is a terminal. (``NO_COLOR`` is
+    the CLI's to apply: :func:`cluster.ctl.cli.color_choice`.)"""
     if choice in ("always", "never"):
         return choice == "always"
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
+    return bool(isatty and isatty())
 
 
 class Console:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 from cluster.ctl.launcher import LaunchError, launch
 from cluster.ctl.spec import ClusterFile, load_cluster_file
-from cluster.ctl.tfconfig import assign_addresses, tf_config
+from cluster.ctl.task_config import assign_addresses, tf_config
 from cluster.errors import ClusterFileError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "color_choice", "main"]
 
 EXIT_USAGE = 2
 RENDER_PORT_BASE = 2222
@@ -88,6 +89,12 @@ def _with_port_base(spec: ClusterFile) -> ClusterFile:
     return dataclasses.replace(spec, port_base=RENDER_PORT_BASE)
 
 
+def color_choice(flag: str, no_color: bool) -> str:
+    """What ``--color FLAG`` means given whether ``NO_COLOR`` is set (https://no-color.org):
+    ``auto`` becomes ``never`` under ``NO_COLOR``; an explicit ``always``/``never`` wins."""
+    return "never" if flag == "auto" and no_color else flag
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -104,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         return _render(spec, args.task)
     try:
-        result = launch(spec, color=args.color, handle_signals=True,
+        # The entry point reads the environment; the launcher below is told, never looks.
+        color = color_choice(args.color, no_color=bool(os.environ.get("NO_COLOR")))
+        result = launch(spec, color=color, handle_signals=True,
                         run_dir=Path(args.run_dir) if args.run_dir else None)
     except LaunchError as e:
         print(f"clusterctl: {e}", file=sys.stderr)

@@ -3,15 +3,15 @@
 ``load_cluster_file(path)`` parses the YAML keeping line numbers, checks every key and value,
 and returns a :class:`ClusterFile`, or raises :class:`~cluster.errors.ClusterFileError` listing
 *every* problem as ``FILE:LINE: KEY: what is wrong`` with a hint (the close match of a misspelt
-key, the allowed values). Nothing is started before a file validates. See ``docs/cli.md`` for the
-reference of every key.
+key, the allowed values). Nothing is started before a file validates. The README's section "The
+cluster file" is the reference of every key.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -318,12 +318,183 @@ def _check_coordinator(c: _Checker, node: Located, jobs: tuple[JobSpec, ...]) ->
               "`cluster:`")
 
 
-def parse_cluster_file(text: str, path: Path) -> ClusterFile:
-    """Validate ``text`` as the cluster file at ``path`` (relative paths resolve against its
-    directory). Raises :class:`ClusterFileError` listing every problem."""
-    file = str(path)
-    base = path.resolve().parent
-    c = _Checker(file)
+@dataclass(frozen=True)
+class _Where:
+    """What every section parser may need: the file's directory (relative paths resolve
+    against it), the line of the top-level mapping (for missing keys) and the run's mode."""
+
+    base: Path
+    root_line: int
+    mode: str = COLLECTIVE
+    mode_ok: bool = True  # False when ``mode:`` itself was invalid
+
+
+def _name(c: _Checker, top: dict[str, Located], where: _Where) -> str:
+    name = where.base.name or "cluster"
+    if "name" in top:
+        given = c.string(top["name"], "name")
+        if given is not None and not _NAME_RE.match(given):
+            c.add(top["name"].line, "name", f"{given!r} is not a valid run name",
+                  "use letters, digits, '.', '_' and '-'")
+        elif given is not None:
+            name = given
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
+
+
+def _program(c: _Checker, top: dict[str, Located], where: _Where) -> dict[str, Any]:
+    """``entrypoint`` (a script, resolved) or ``module``: exactly one."""
+    if "entrypoint" in top and "module" in top:
+        c.add(top["module"].line, "module", "give either entrypoint or module, not both")
+    elif "entrypoint" in top:
+        script = c.string(top["entrypoint"], "entrypoint")
+        if script is not None:
+            resolved = (where.base / script).resolve()
+            if not resolved.is_file():
+                c.add(top["entrypoint"].line, "entrypoint", f"file not found: {resolved}",
+                      "the path is relative to the cluster file's directory")
+            return {"entrypoint": resolved}
+    elif "module" in top:
+        module = c.string(top["module"], "module")
+        if module is not None and not _MODULE_RE.match(module):
+            c.add(top["module"].line, "module", f"{module!r} is not a dotted module name")
+        return {"module": module}
+    else:
+        c.add(where.root_line, "entrypoint", "missing: what should chief and workers run?",
+              "add `entrypoint: train.py` (relative to this file) or `module: pkg.train`")
+    return {}
+
+
+def _args(c: _Checker, node: Located) -> tuple[str, ...] | None:
+    if not isinstance(node.value, list):
+        c.add(node.line, "args", f"expected a list, got {_kind(node.value)}",
+              'e.g. args: ["--epochs", "3"]')
+        return None
+    args = []
+    for i, item in enumerate(node.value):
+        text_value = _scalar_text(item.value)
+        if text_value is None:
+            c.add(item.line, f"args[{i}]", f"expected a string, got {_kind(item.value)}")
+        else:
+            args.append(text_value)
+    return tuple(args)
+
+
+def _workdir(c: _Checker, top: dict[str, Located], where: _Where) -> Path:
+    if "workdir" not in top:
+        return where.base
+    workdir = c.string(top["workdir"], "workdir")
+    if workdir is None:
+        return where.base
+    resolved = (where.base / workdir).resolve()
+    if not resolved.is_dir():
+        c.add(top["workdir"].line, "workdir", f"directory not found: {resolved}")
+    return resolved
+
+
+def _env(c: _Checker, node: Located) -> dict[str, str] | None:
+    if not isinstance(node.value, dict):
+        c.add(node.line, "env", f"expected a mapping of variables, got {_kind(node.value)}",
+              "e.g. env: {OMP_NUM_THREADS: \"1\"}")
+        return None
+    env = {}
+    for var, item in node.value.items():
+        line = node.key_lines[var]
+        text_value = _scalar_text(item.value)
+        if not _ENV_RE.match(var):
+            c.add(line, f"env.{var}", "not a valid environment variable name")
+        elif var in RESERVED_ENV:
+            c.add(line, f"env.{var}", "is set by clusterctl for each task", "remove it from env")
+        elif text_value is None:
+            c.add(item.line, f"env.{var}", f"expected a string, got {_kind(item.value)}")
+        else:
+            env[var] = text_value
+    return env
+
+
+def _cluster(c: _Checker, top: dict[str, Located], where: _Where) -> tuple[JobSpec, ...] | None:
+    """The jobs, and in coordinator mode the jobs that mode needs (when the jobs are valid)."""
+    if "cluster" not in top:
+        c.add(where.root_line, "cluster", "missing", "add e.g. `cluster: {chief: 1, worker: 2}`")
+        return None
+    before = len(c.problems)
+    jobs = tuple(_jobs(c, top["cluster"]))
+    if where.mode == COORDINATOR and len(c.problems) == before:
+        _check_coordinator(c, top["mode"], jobs)
+    return jobs
+
+
+def _host(c: _Checker, node: Located) -> str | None:
+    host = c.string(node, "host")
+    if host is not None and (":" in host.strip("[]") and not host.startswith("[")):
+        c.add(node.line, "host", f"{host!r}: give the host only; ports are chosen",
+              "write IPv6 hosts in brackets, e.g. [::1]")
+        return None
+    return host
+
+
+def _port_base(c: _Checker, node: Located) -> int | None:
+    port = c.number(node, "port_base", minimum=1, strict=False, integer=True)
+    if port is not None and port > 65535:
+        c.add(node.line, "port_base", f"port {port} is above 65535")
+        return None
+    return None if port is None else int(port)
+
+
+def _restart(c: _Checker, node: Located, where: _Where) -> RestartPolicy | None:
+    restart = c.mapping(node, "restart", _RESTART_KEYS, "restart settings")
+    if restart is None:
+        return None
+    kwargs: dict[str, Any] = {}
+    if "max_restarts" in restart:
+        n = c.number(restart["max_restarts"], "restart.max_restarts", minimum=0, strict=False,
+                     integer=True)
+        if n is not None:
+            kwargs["max_restarts"] = int(n)
+    if "policy" in restart:
+        policy = restart["policy"].value
+        if policy not in RESTART_POLICIES:
+            close = difflib.get_close_matches(str(policy), RESTART_POLICIES, n=1)
+            c.add(restart["policy"].line, "restart.policy", f"unknown policy {policy!r}",
+                  f'did you mean "{close[0]}"?' if close
+                  else f"one of {', '.join(RESTART_POLICIES)}")
+        else:
+            kwargs["policy"] = policy
+    if "max_worker_restarts" in restart:
+        item = restart["max_worker_restarts"]
+        n = c.number(item, "restart.max_worker_restarts", minimum=0, strict=False, integer=True)
+        if n is not None and where.mode_ok and where.mode != COORDINATOR:
+            c.add(item.line, "restart.max_worker_restarts", "only applies to "
+                  f"`mode: {COORDINATOR}` (this file's mode is {where.mode})",
+                  f"add `mode: {COORDINATOR}` or remove this key; in {COLLECTIVE} mode "
+                  "a failure restarts the whole cluster (restart.max_restarts)")
+        elif n is not None:
+            kwargs["max_worker_restarts"] = int(n)
+    return RestartPolicy(**kwargs)
+
+
+def _log_dir(c: _Checker, top: dict[str, Located], where: _Where) -> Path:
+    log_dir = c.string(top["log_dir"], "log_dir") if "log_dir" in top else None
+    if log_dir is None:
+        return where.base / "runs"
+    return (where.base / Path(log_dir).expanduser()).resolve()
+
+
+def _timeouts(c: _Checker, node: Located) -> Timeouts | None:
+    timeouts = c.mapping(node, "timeouts", _TIMEOUT_KEYS, "timeouts in seconds")
+    if timeouts is None:
+        return None
+    kwargs = {}
+    for key in _TIMEOUT_KEYS:
+        if key not in timeouts or (key == "run" and timeouts[key].value is None):
+            continue
+        v = c.number(timeouts[key], f"timeouts.{key}", minimum=0, strict=key != "grace")
+        if v is not None:
+            kwargs[key] = float(v)
+    return Timeouts(**kwargs)
+
+
+def _top_level(file: str, text: str, c: _Checker) -> tuple[Located, dict[str, Located]]:
+    """The YAML's top-level mapping; raises :class:`ClusterFileError` when there is none."""
     try:
         root = load(text)
     except YamlError as e:
@@ -335,161 +506,42 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     top = c.mapping(root, "", _TOP_KEYS, "settings")
     if top is None:
         raise ClusterFileError(c.problems)
-    values: dict[str, Any] = {}
+    return root, top
 
-    name = base.name or "cluster"
-    if "name" in top:
-        given = c.string(top["name"], "name")
-        if given is not None and not _NAME_RE.match(given):
-            c.add(top["name"].line, "name", f"{given!r} is not a valid run name",
-                  "use letters, digits, '.', '_' and '-'")
-        elif given is not None:
-            name = given
-    values["name"] = re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
-    mode_ok = True
+def parse_cluster_file(text: str, path: Path) -> ClusterFile:
+    """Validate ``text`` as the cluster file at ``path`` (relative paths resolve against its
+    directory). Raises :class:`ClusterFileError` listing every problem, sorted by line.
+
+    Each section parser adds its problems to one list and returns what it could read (None
+    only after adding a problem); sections are read in a fixed order, so problems on the same
+    line keep a stable order.
+    """
+    c = _Checker(str(path))
+    root, top = _top_level(str(path), text, c)
+    where = _Where(base=path.resolve().parent, root_line=root.line)
+    values: dict[str, Any] = {"name": _name(c, top, where)}
     if "mode" in top:
         mode = _mode(c, top["mode"])
-        mode_ok = mode is not None
+        where = replace(where, mode=mode or COLLECTIVE, mode_ok=mode is not None)
         if mode is not None:
             values["mode"] = mode
-    mode = values.get("mode", COLLECTIVE)
-
-    if "entrypoint" in top and "module" in top:
-        c.add(top["module"].line, "module", "give either entrypoint or module, not both")
-    elif "entrypoint" in top:
-        script = c.string(top["entrypoint"], "entrypoint")
-        if script is not None:
-            resolved = (base / script).resolve()
-            if not resolved.is_file():
-                c.add(top["entrypoint"].line, "entrypoint", f"file not found: {resolved}",
-                      "the path is relative to the cluster file's directory")
-            values["entrypoint"] = resolved
-    elif "module" in top:
-        module = c.string(top["module"], "module")
-        if module is not None and not _MODULE_RE.match(module):
-            c.add(top["module"].line, "module", f"{module!r} is not a dotted module name")
-        values["module"] = module
-    else:
-        c.add(root.line, "entrypoint", "missing: what should chief and workers run?",
-              "add `entrypoint: train.py` (relative to this file) or `module: pkg.train`")
-
+    values.update(_program(c, top, where))
     if "args" in top:
-        node = top["args"]
-        if not isinstance(node.value, list):
-            c.add(node.line, "args", f"expected a list, got {_kind(node.value)}",
-                  'e.g. args: ["--epochs", "3"]')
-        else:
-            args = []
-            for i, item in enumerate(node.value):
-                text_value = _scalar_text(item.value)
-                if text_value is None:
-                    c.add(item.line, f"args[{i}]", f"expected a string, got {_kind(item.value)}")
-                else:
-                    args.append(text_value)
-            values["args"] = tuple(args)
-
-    values["workdir"] = base
-    if "workdir" in top:
-        workdir = c.string(top["workdir"], "workdir")
-        if workdir is not None:
-            values["workdir"] = (base / workdir).resolve()
-            if not values["workdir"].is_dir():
-                c.add(top["workdir"].line, "workdir", f"directory not found: {values['workdir']}")
-
+        values["args"] = _args(c, top["args"])
+    values["workdir"] = _workdir(c, top, where)
     if "env" in top:
-        env_node = top["env"]
-        if not isinstance(env_node.value, dict):
-            c.add(env_node.line, "env", f"expected a mapping of variables, got "
-                  f"{_kind(env_node.value)}", "e.g. env: {OMP_NUM_THREADS: \"1\"}")
-        else:
-            env = {}
-            for var, item in env_node.value.items():
-                line = env_node.key_lines[var]
-                text_value = _scalar_text(item.value)
-                if not _ENV_RE.match(var):
-                    c.add(line, f"env.{var}", "not a valid environment variable name")
-                elif var in RESERVED_ENV:
-                    c.add(line, f"env.{var}", "is set by clusterctl for each task",
-                          "remove it from env")
-                elif text_value is None:
-                    c.add(item.line, f"env.{var}", f"expected a string, got {_kind(item.value)}")
-                else:
-                    env[var] = text_value
-            values["env"] = env
-
-    if "cluster" in top:
-        before = len(c.problems)
-        values["jobs"] = tuple(_jobs(c, top["cluster"]))
-        if mode == COORDINATOR and len(c.problems) == before:
-            _check_coordinator(c, top["mode"], values["jobs"])
-    else:
-        c.add(root.line, "cluster", "missing", "add e.g. `cluster: {chief: 1, worker: 2}`")
-
+        values["env"] = _env(c, top["env"])
+    values["jobs"] = _cluster(c, top, where)
     if "host" in top:
-        host = c.string(top["host"], "host")
-        if host is not None and (":" in host.strip("[]") and not host.startswith("[")):
-            c.add(top["host"].line, "host", f"{host!r}: give the host only; ports are chosen",
-                  "write IPv6 hosts in brackets, e.g. [::1]")
-        elif host is not None:
-            values["host"] = host
+        values["host"] = _host(c, top["host"])
     if "port_base" in top and top["port_base"].value is not None:
-        port = c.number(top["port_base"], "port_base", minimum=1, strict=False, integer=True)
-        if port is not None and port > 65535:
-            c.add(top["port_base"].line, "port_base", f"port {port} is above 65535")
-        elif port is not None:
-            values["port_base"] = int(port)
-
+        values["port_base"] = _port_base(c, top["port_base"])
     if "restart" in top:
-        restart = c.mapping(top["restart"], "restart", _RESTART_KEYS, "restart settings")
-        if restart is not None:
-            kwargs: dict[str, Any] = {}
-            if "max_restarts" in restart:
-                n = c.number(restart["max_restarts"], "restart.max_restarts", minimum=0,
-                             strict=False, integer=True)
-                if n is not None:
-                    kwargs["max_restarts"] = int(n)
-            if "policy" in restart:
-                policy = restart["policy"].value
-                if policy not in RESTART_POLICIES:
-                    close = difflib.get_close_matches(str(policy), RESTART_POLICIES, n=1)
-                    c.add(restart["policy"].line, "restart.policy", f"unknown policy {policy!r}",
-                          f'did you mean "{close[0]}"?' if close
-                          else f"one of {', '.join(RESTART_POLICIES)}")
-                else:
-                    kwargs["policy"] = policy
-            if "max_worker_restarts" in restart:
-                node = restart["max_worker_restarts"]
-                n = c.number(node, "restart.max_worker_restarts", minimum=0, strict=False,
-                             integer=True)
-                if n is not None and mode_ok and mode != COORDINATOR:
-                    c.add(node.line, "restart.max_worker_restarts", "only applies to "
-                          f"`mode: {COORDINATOR}` (this file's mode is {mode})",
-                          f"add `mode: {COORDINATOR}` or remove this key; in {COLLECTIVE} mode "
-                          "a failure restarts the whole cluster (restart.max_restarts)")
-                elif n is not None:
-                    kwargs["max_worker_restarts"] = int(n)
-            values["restart"] = RestartPolicy(**kwargs)
-
-    values["log_dir"] = base / "runs"
-    if "log_dir" in top:
-        log_dir = c.string(top["log_dir"], "log_dir")
-        if log_dir is not None:
-            values["log_dir"] = (base / Path(log_dir).expanduser()).resolve()
-
+        values["restart"] = _restart(c, top["restart"], where)
+    values["log_dir"] = _log_dir(c, top, where)
     if "timeouts" in top:
-        timeouts = c.mapping(top["timeouts"], "timeouts", _TIMEOUT_KEYS, "timeouts in seconds")
-        if timeouts is not None:
-            kwargs = {}
-            for key in _TIMEOUT_KEYS:
-                if key not in timeouts or (key == "run" and timeouts[key].value is None):
-                    continue
-                v = c.number(timeouts[key], f"timeouts.{key}", minimum=0,
-                             strict=key != "grace")
-                if v is not None:
-                    kwargs[key] = float(v)
-            values["timeouts"] = Timeouts(**kwargs)
-
+        values["timeouts"] = _timeouts(c, top["timeouts"])
     if c.problems:
         raise ClusterFileError(sorted(c.problems, key=lambda p: p.line))
     return ClusterFile(path=path.resolve(), **values)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,29 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from cluster.ctl.ports import pick_free_ports
 from tests.processes.conftest import processes_with
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 class PsCluster:
     """``workers`` serving workers and ``ps`` parameter servers, plus a chief slot."""
 
     def __init__(self, tmp: Path, marker: str, workers: int, ps: int) -> None:
-        ports = _free_ports(1 + workers + ps)
+        ports = pick_free_ports("127.0.0.1", 1 + workers + ps)
         self.spec = {
             "chief": [f"127.0.0.1:{ports[0]}"],
             "worker": [f"127.0.0.1:{p}" for p in ports[1:1 + workers]],

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 
-from cluster.ctl.cli import main
+from cluster.ctl import cli
+from cluster.ctl.cli import color_choice, main
 from cluster.ctl.spec import RestartPolicy, Timeouts, parse_cluster_file
 from cluster.errors import ClusterFileError
 
@@ -223,3 +225,32 @@ def test_render_in_coordinator_mode_gives_every_task_its_tf_config(tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == [
         "chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
+
+
+@pytest.mark.parametrize(("flag", "no_color", "expected"), [
+    ("auto", False, "auto"),
+    ("auto", True, "never"),
+    ("always", True, "always"),
+    ("never", False, "never"),
+])
+def test_no_color_turns_auto_colour_off_and_explicit_flags_win(flag, no_color, expected) -> None:
+    assert color_choice(flag, no_color) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("1", "never"), ("", "auto")])
+def test_launch_is_told_no_color_read_from_the_environment_by_the_cli(
+        tmp_path, monkeypatch, value, expected) -> None:
+    path = write(tmp_path, GOOD)
+    seen = {}
+
+    def fake_launch(spec, **kwargs):
+        seen.update(kwargs)
+        return types.SimpleNamespace(exit_code=0)
+
+    monkeypatch.setattr(cli, "launch", fake_launch)
+    if value is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", value)
+    assert main(["launch", str(path)]) == 0
+    assert seen["color"] == expected

@@ -12,6 +12,7 @@ import pytest
 import cluster.runtime as runtime
 from cluster._placement import resolve_placement
 from cluster.collectives import CollectiveGroup, ReduceOp
+from cluster.ctl.ports import pick_free_ports
 from cluster.deadline import Deadline
 from cluster.errors import (
     AddressInUseError,
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.timeout(60)
 
 FAST = TaskSettings(connect_timeout=10, heartbeat_interval=0.2, heartbeat_timeout=3,
                                report_timeout=2)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def resolver(cluster: dict, task_type: str, task_id: int) -> SimpleClusterResolver:
@@ -100,7 +91,7 @@ def test_settings_from_env_name_the_bad_variable() -> None:
 @pytest.fixture
 def pair():
     """chief:0 and worker:0 as two TaskRuntimes in this process."""
-    ports = free_ports(2)
+    ports = pick_free_ports("127.0.0.1", 2)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     rts = [runtime.TaskRuntime.create(resolver(cluster, "chief", 0), FAST),
            runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST)]
@@ -158,7 +149,7 @@ def test_report_failure_fails_the_peers_collectives_naming_the_root_cause(pair) 
 
 
 def test_wait_for_peers_lists_exactly_the_tasks_that_never_came_up() -> None:
-    ports = free_ports(3)
+    ports = pick_free_ports("127.0.0.1", 3)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     rt = runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST)
     try:
@@ -183,7 +174,7 @@ def test_a_taken_address_is_an_address_in_use_error_naming_the_task() -> None:
 
 
 def test_start_is_idempotent_for_the_same_task_and_refuses_another() -> None:
-    port = free_ports(1)[0]
+    port = pick_free_ports("127.0.0.1", 1)[0]
     cluster = {"worker": [f"127.0.0.1:{port}"]}
     rt = runtime.start(resolver(cluster, "worker", 0))
     try:
@@ -198,7 +189,7 @@ def test_start_is_idempotent_for_the_same_task_and_refuses_another() -> None:
 
 
 def test_tasks_outside_the_collective_group_get_no_transport() -> None:
-    ports = free_ports(2)
+    ports = pick_free_ports("127.0.0.1", 2)
     cluster = {"worker": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"]}
     rt = runtime.TaskRuntime.create(resolver(cluster, "ps", 0), FAST)
     try:

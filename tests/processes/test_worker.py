@@ -13,11 +13,11 @@ import time
 import pytest
 
 from cluster import exitcodes
+from cluster.ctl.ports import pick_free_ports
 from cluster.runtime import TaskRuntime
 from cluster.settings import TaskSettings
 from resolver import ClusterSpec, SimpleClusterResolver
 from tests.processes.conftest import REPO, SCRIPTS
-from tests.processes.test_runtime import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -78,7 +78,8 @@ def read_until(proc: subprocess.Popen, text: str, timeout: float = 20) -> str:
 
 
 def one_worker() -> str:
-    return tf_config({"worker": [f"127.0.0.1:{free_ports(1)[0]}"]}, "worker", 0)
+    port = pick_free_ports("127.0.0.1", 1)[0]
+    return tf_config({"worker": [f"127.0.0.1:{port}"]}, "worker", 0)
 
 
 def test_script_runs_as_main_with_its_argv_and_its_exit_code(marker) -> None:
@@ -116,7 +117,7 @@ def test_bad_tf_config_exits_2_with_a_clear_message(marker, config, expected) ->
 
 
 def test_missing_peers_are_listed_by_task_and_address(marker) -> None:
-    ports = free_ports(3)
+    ports = pick_free_ports("127.0.0.1", 3)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"],
                "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"]}
     started = time.monotonic()
@@ -139,7 +140,7 @@ def test_sigterm_unwinds_the_script_and_exits_143(marker) -> None:
 
 
 def test_ps_and_serving_worker_stop_on_shutdown_rpc_and_sigterm(marker) -> None:
-    ports = free_ports(3)
+    ports = pick_free_ports("127.0.0.1", 3)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
                "ps": [f"127.0.0.1:{ports[2]}"]}
     worker = start(marker, ["-m", "worker"], tf_config(cluster, "worker", 0))
@@ -166,7 +167,7 @@ def test_ps_refuses_a_worker_task(marker) -> None:
 
 def test_a_failing_peer_stops_a_task_that_is_not_in_a_collective(marker, tmp_path) -> None:
     """worker:1 raises; worker:0 waits on nothing collective and still stops within seconds."""
-    ports = free_ports(2)
+    ports = pick_free_ports("127.0.0.1", 2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     fifo = tmp_path / "go"
     os.mkfifo(fifo)

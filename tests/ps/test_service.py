@@ -225,9 +225,9 @@ def _read_until(proc: subprocess.Popen, text: bytes, timeout: float) -> None:
 
 @pytest.mark.multiprocess
 def test_real_ps_process_serves_then_dies_into_peer_unavailable(marker) -> None:
-    from tests.processes.test_runtime import free_ports
+    from cluster.ctl.ports import pick_free_ports
 
-    port = free_ports(1)[0]
+    port = pick_free_ports("127.0.0.1", 1)[0]
     env = {**os.environ, "TF_CONFIG": _tf_config(port), "CLUSTER_TOKEN": TOKEN.value,
            "CLUSTER_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ps"], env=env, cwd=REPO,

@@ -1,9 +1,9 @@
-"""SlurmClusterResolver and its pure parsers: behaviour of TF's resolver, plus our differences."""
+"""SlurmClusterResolver: behaviour of TF's resolver, plus our differences (its pure list parsers
+are tested in test_hostlist.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +13,7 @@ from resolver import slurm
 from resolver.base import ClusterResolver
 from resolver.cluster_spec import ClusterSpec
 from resolver.errors import ClusterConfigError
-from resolver.slurm import SlurmClusterResolver, expand_hostlist, expand_tasks_per_node
+from resolver.slurm import SlurmClusterResolver
 
 _VARS = (
     "SLURM_PROCID",
@@ -56,184 +56,6 @@ def env(monkeypatch, tmp_path):
 def _step_2x2(env, procid=0):
     """A step of 4 tasks, two on each of n1 and n2."""
     env(procid=procid, num_tasks=4, nodelist="n[1-2]", tasks_per_node="2(x2)")
-
-
-# ---- expand_hostlist --------------------------------------------------------------------------
-
-
-def test_hostlist_range_keeps_zero_padding_of_its_start():
-    assert expand_hostlist("node[1-3,07-09]") == [
-        "node1",
-        "node2",
-        "node3",
-        "node07",
-        "node08",
-        "node09",
-    ]
-    assert expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
-    assert expand_hostlist("n[08-10]") == ["n08", "n09", "n10"]
-    # scontrol (and TF) take the width from the start only.
-    assert expand_hostlist("n[1-010]") == [f"n{i}" for i in range(1, 11)]
-
-
-def test_hostlist_commas_outside_brackets_separate_names():
-    assert expand_hostlist("a[1-2],b3") == ["a1", "a2", "b3"]
-    assert expand_hostlist("n[1-2],m5,o[3-4,6,7-9]") == [
-        "n1",
-        "n2",
-        "m5",
-        "o3",
-        "o4",
-        "o6",
-        "o7",
-        "o8",
-        "o9",
-    ]
-
-
-def test_hostlist_prefixes_may_contain_dashes_dots_and_digits():
-    assert expand_hostlist("gpu-a.rack-1[1-2],x.y-z,node-7") == [
-        "gpu-a.rack-11",
-        "gpu-a.rack-12",
-        "x.y-z",
-        "node-7",
-    ]
-    assert expand_hostlist("[1-3]") == ["1", "2", "3"]
-
-
-def test_hostlist_several_bracket_groups_expand_in_scontrol_order():
-    assert expand_hostlist("rack[1-2]-n[01-02]") == [
-        "rack1-n01",
-        "rack1-n02",
-        "rack2-n01",
-        "rack2-n02",
-    ]
-    # Checked against `scontrol show hostnames` (Slurm 22.05): last group fastest, then first.
-    assert expand_hostlist("a[1-2]b[3-4]c[5-6]") == [
-        "a1b3c5",
-        "a1b3c6",
-        "a2b3c5",
-        "a2b3c6",
-        "a1b4c5",
-        "a1b4c6",
-        "a2b4c5",
-        "a2b4c6",
-    ]
-
-
-def test_hostlist_keeps_order_and_duplicates():
-    assert expand_hostlist("b1,a1,b1") == ["b1", "a1", "b1"]
-    assert expand_hostlist("n[2,1,1-2]") == ["n2", "n1", "n1", "n2"]
-
-
-def test_hostlist_skips_empty_names_and_splits_on_whitespace_like_scontrol():
-    assert expand_hostlist(",a,,b,") == ["a", "b"]
-    assert expand_hostlist(" a b\tc[1-2]\n") == ["a", "b", "c1", "c2"]
-    assert expand_hostlist("") == []
-
-
-@pytest.mark.parametrize(
-    ("hostlist", "part"),
-    [
-        ("n[1-2", "never closed"),
-        ("n1]", "without a matching"),
-        ("n[[1]]", "nested"),
-        ("n[]", "''"),
-        ("n[3-1]", "'3-1'"),
-        ("n[a-b]", "'a-b'"),
-        ("n[1-2-3]", "'1-2-3'"),
-        ("n[1,,2]", "''"),
-        ("n[1, 2]", "whitespace"),
-        ("node[1-2]-ib", "'-ib'"),
-        ("n[1-65537]", "more than 65536"),
-    ],
-)
-def test_malformed_hostlist_raises_config_error_naming_the_bad_part(hostlist, part):
-    with pytest.raises(ClusterConfigError) as info:
-        expand_hostlist(hostlist)
-    message = str(info.value)
-    assert message.startswith(f"SLURM_STEP_NODELIST: {hostlist!r} is not a valid host list: ")
-    assert part in message
-    assert isinstance(info.value, ValueError)  # TF raises ValueError here
-
-
-_NUMBERED = re.compile(r"(.*?)([0-9]+)\Z")
-
-
-def _compress(names: list[str]) -> str:
-    """Like `scontrol show hostlist` but order-preserving: adjacent names sharing a prefix and a
-    digit width fold into one bracket group of ascending runs."""
-    groups: list[tuple[str, int | None, list]] = []
-    for name in names:
-        match = _NUMBERED.match(name)
-        if match is None:
-            groups.append((name, None, []))
-            continue
-        prefix, digits = match.groups()
-        if groups and groups[-1][:2] == (prefix, len(digits)):
-            groups[-1][2].append(int(digits))
-        else:
-            groups.append((prefix, len(digits), [int(digits)]))
-    parts = []
-    for prefix, width, numbers in groups:
-        if width is None:
-            parts.append(prefix)
-            continue
-        runs: list[list[int]] = []
-        for n in numbers:
-            if runs and n == runs[-1][1] + 1:
-                runs[-1][1] = n
-            else:
-                runs.append([n, n])
-        text = [
-            str(lo).zfill(width) if lo == hi else f"{str(lo).zfill(width)}-{str(hi).zfill(width)}"
-            for lo, hi in runs
-        ]
-        parts.append(f"{prefix}[{','.join(text)}]")
-    return ",".join(parts)
-
-
-_numbered_host = st.builds(
-    lambda prefix, number, width: prefix + str(number).zfill(width),
-    st.sampled_from(["n", "gpu-", "rack1.node", "a-b.c", ""]),
-    st.integers(0, 120),
-    st.integers(1, 4),
-)
-_plain_host = st.from_regex(r"[a-z][a-z0-9.-]{0,8}", fullmatch=True)
-
-
-@given(st.lists(st.one_of(_numbered_host, _plain_host), max_size=40))
-def test_hostlist_compress_then_expand_round_trips(names):
-    assert expand_hostlist(_compress(names)) == names
-
-
-@given(st.lists(_plain_host, max_size=20))
-def test_hostlist_of_plain_names_is_the_names(names):
-    assert expand_hostlist(",".join(names)) == names
-
-
-# ---- expand_tasks_per_node --------------------------------------------------------------------
-
-
-def test_tasks_per_node_repeats_counts_in_order():
-    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert expand_tasks_per_node("3(x2),2,1") == [3, 3, 2, 1]
-    assert expand_tasks_per_node("4") == [4]
-
-
-@given(st.lists(st.tuples(st.integers(0, 64), st.integers(1, 5)), min_size=1, max_size=10))
-def test_tasks_per_node_run_length_form_round_trips(runs):
-    text = ",".join(f"{n}(x{r})" if r > 1 else str(n) for n, r in runs)
-    assert expand_tasks_per_node(text) == [n for n, r in runs for _ in range(r)]
-
-
-@pytest.mark.parametrize("bad", ["2(x", "", "x2", "2(3)", "2,,1", "-1", "2(x3)1", "2 (x3)"])
-def test_malformed_tasks_per_node_raises_config_error_naming_the_variable(bad):
-    with pytest.raises(ClusterConfigError) as info:
-        expand_tasks_per_node(bad)
-    assert str(info.value).startswith(
-        f"SLURM_STEP_TASKS_PER_NODE: {bad!r} is not a valid tasks-per-node list"
-    )
 
 
 # ---- GPU discovery ----------------------------------------------------------------------------
@@ -303,8 +125,8 @@ def test_ports_count_up_from_port_base_on_each_node(env):
 
 
 def test_tasks_are_packed_onto_hostnames_in_sorted_string_order_as_tf_does(env):
-    # TF sorts hostnames as strings, so node10 comes before node9 (TF's behaviour wins over its
-    # docstring, DESIGN.md); tasks-per-node counts stay attached to their own host.
+    # TF sorts hostnames as strings, so node10 comes before node9 (TF's code wins over its
+    # docstring); tasks-per-node counts stay attached to their own host.
     env(procid=0, num_tasks=3, nodelist="node[9-10]", tasks_per_node="2,1")
     spec = SlurmClusterResolver().cluster_spec()
     assert spec.as_dict() == {"worker": ["node10:8888", "node9:8888", "node9:8889"]}

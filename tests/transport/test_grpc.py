@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import grpc
 import pytest
 
+from cluster.ctl.ports import pick_free_ports
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError, UnauthenticatedError
 from cluster.settings import TaskSettings
@@ -121,9 +120,7 @@ def test_binding_a_port_in_use_fails_instead_of_sharing_it(server) -> None:
 
 
 def test_connect_to_a_closed_port_names_the_missing_peer_and_address() -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = pick_free_ports("127.0.0.1", 1)[0]  # a port nobody listens on
     srv = TaskServer("127.0.0.1:0", TOKEN)
     endpoint = CollectiveEndpoint.install(srv, "worker:0")
     srv.start()

@@ -1,4 +1,4 @@
-"""Parse and shape-check the ``TF_CONFIG`` JSON document.
+"""The ``TF_CONFIG`` document parser: parse and shape-check the JSON text of the variable.
 
 ``parse_tf_config(text)`` is a pure function of the variable's text (``None`` when it is unset)
 returning a ``TFConfig`` whose accessors check one field each, when it is read, as TensorFlow

@@ -1,0 +1,337 @@
+"""One attempt of ``clusterctl launch``: start every task, supervise them, stop them all.
+
+:class:`Attempt` runs one event loop (a selector over the tasks' output pipes, their pidfds and
+the signal wake-up fd, against deadlines; no sleeps, no polling) until every task has exited:
+
+- output: each line to the console prefixed ``[worker:1]`` and to the task's log;
+- a task that exits on its own while the run goes on is handled alone as
+  :func:`cluster.ctl.policy.on_task_exit` says (``mode: coordinator``: a worker is started
+  again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times);
+- then :func:`cluster.ctl.policy.assess` says whether the run is over: on failure every task is
+  stopped (SIGTERM to each process group, SIGKILL after ``timeouts.grace``); on success the
+  servers are stopped and the trainers get the grace to finish;
+- SIGINT/SIGTERM to clusterctl (through :class:`SignalPipe`) stops everything; a second signal
+  kills everything.
+
+What happens after the attempt (restart the cluster, give up) is the caller's decision, taken
+from the :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster import exitcodes
+from cluster.ctl import policy
+from cluster.ctl._output import Console
+from cluster.ctl._task_process import TaskProcess
+from cluster.ctl.spec import ClusterFile
+from cluster.ctl.task_config import tf_config
+from cluster.deadline import Deadline
+from cluster.settings import (
+    ENV_CONNECT_TIMEOUT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_LAUNCHER_PID,
+    ENV_RESTART_COUNT,
+    ENV_TOKEN,
+)
+
+__all__ = ["Attempt", "Outcome", "SignalPipe"]
+
+_PIPE_DRAIN = 1.0  # seconds to wait for output after every task exited (an escaped grandchild)
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the worker/ and ps/ packages
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended: its phase, every task exit in order, the signal that interrupted
+    it (if any), and whether it ran past ``timeouts.run``."""
+
+    phase: policy.Phase
+    exits: list[policy.TaskExit]
+    interrupted: int | None = None
+    timed_out: bool = False
+
+
+class SignalPipe:
+    """SIGINT/SIGTERM recorded and turned into a readable fd for the selector."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.read_fd, self._write_fd = os.pipe()
+        for fd in (self.read_fd, self._write_fd):
+            os.set_blocking(fd, False)
+
+    @contextlib.contextmanager
+    def installed(self, enabled: bool) -> Iterator[SignalPipe]:
+        """Handle SIGINT/SIGTERM while inside (main thread only); no-op when not ``enabled``."""
+        if not enabled:
+            yield self
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        old_fd = signal.set_wakeup_fd(self._write_fd)
+        for s in previous:
+            signal.signal(s, lambda signum, frame: self.received.append(signum))
+        try:
+            yield self
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 512):
+                pass
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+
+class Attempt:
+    """One start of the whole cluster, supervised until every task has exited.
+
+    ``restarts`` is the number of whole-cluster restarts before this attempt (the tasks'
+    ``CLUSTER_RESTART_COUNT``); ``number`` counts attempts from 1 (for the logs).
+    :meth:`run` raises :class:`~cluster.ctl._task_process.TaskStartError` when a task cannot
+    be executed (the tasks already started are killed first).
+    """
+
+    def __init__(self, spec: ClusterFile, console: Console, run_dir: Path, token: str,
+                 addresses: dict[str, list[str]], restarts: int, signals: SignalPipe,
+                 number: int, restart_delay: float) -> None:
+        self.spec, self.console, self.signals = spec, console, signals
+        self.addresses = addresses
+        self.tasks = [TaskProcess(job, i, run_dir) for job, i in spec.tasks()]
+        self.exits: list[policy.TaskExit] = []
+        self.phase = policy.Phase.RUNNING
+        self.kill_deadline: Deadline | None = None
+        self.wind_down: Deadline | None = None
+        self.interrupted: int | None = None
+        self.timed_out = False
+        self._token = token
+        self._restarts = restarts
+        self._number = number
+        self._restart_delay = restart_delay
+        self.sel = selectors.DefaultSelector()
+
+    def _env(self, task: TaskProcess) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        pythonpath = env.get("PYTHONPATH", "")
+        if (_REPO_ROOT / "worker" / "__init__.py").exists():
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), pythonpath) if p)
+        env.update({
+            "TF_CONFIG": tf_config(self.addresses, task.job, task.index),
+            ENV_TOKEN: self._token,
+            ENV_ERROR_FILE: str(task.error_path),
+            ENV_LAUNCHER_PID: str(os.getpid()),
+            ENV_RESTART_COUNT: str(self._restarts),
+            ENV_CONNECT_TIMEOUT: f"{self.spec.timeouts.startup:g}",
+            ENV_HEARTBEAT_TIMEOUT: f"{self.spec.timeouts.heartbeat:g}",
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def _start(self, task: TaskProcess) -> None:
+        again = (f" (restart {task.restarts} of {self.spec.restart.max_worker_restarts})"
+                 if task.restarts else "")
+        task.start([sys.executable, *self.spec.task_argv(task.job)], cwd=self.spec.workdir,
+                   env=self._env(task),
+                   header=f"=== attempt {self._number}: {task.name}{again} ===")
+        self.sel.register(task.out_fd, selectors.EVENT_READ, ("out", task))
+        self.sel.register(task.pidfd, selectors.EVENT_READ, ("exit", task))
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _show(self, task: TaskProcess, lines: list[str]) -> None:
+        for line in lines:
+            self.console.task_line(task.name, line)
+
+    def _read(self, task: TaskProcess) -> None:
+        lines, ended = task.read()
+        self._show(task, lines)
+        if ended:
+            self._close_output(task)
+
+    def _restart(self, task: TaskProcess) -> None:
+        """Start ``task`` again alone, as before (same TF_CONFIG, same port)."""
+        task.restart_at = None
+        if task.out_fd >= 0:  # what the dead process wrote last (EOF is due by now)
+            self._show(task, task.drain())
+            self._close_output(task)
+        task.forget_process()
+        self.console.info(f"starting {task.name} again (restart {task.restarts} of "
+                          f"{self.spec.restart.max_worker_restarts})")
+        self._start(task)
+
+    def _close_output(self, task: TaskProcess) -> None:
+        if task.out_fd < 0:
+            return
+        self.sel.unregister(task.out_fd)
+        task.close_output()
+
+    def _reap(self, task: TaskProcess) -> None:
+        self.sel.unregister(task.pidfd)
+        code = task.reap()
+        self.exits.append(policy.TaskExit(task.name, code, len(self.exits), task.stopped))
+
+    def _stop_all(self, why: str) -> None:
+        running = [t for t in self.tasks if t.running and not t.stopped]
+        if running:
+            self.console.info(f"stopping {', '.join(t.name for t in running)} ({why})")
+        for task in running:
+            task.stopped = True
+            task.signal_group(signal.SIGTERM)
+        if self.kill_deadline is None:
+            self.kill_deadline = Deadline.after(self.spec.timeouts.grace)
+
+    def _kill_all(self) -> None:
+        for task in self.tasks:
+            if task.running:
+                task.stopped = True
+                task.signal_group(signal.SIGKILL)
+
+    def _on_signal(self) -> None:
+        self.signals.drain()
+        while self.signals.received:
+            signum = self.signals.received.pop(0)
+            if self.interrupted is None:
+                self.interrupted = signum
+                self.phase = policy.Phase.FAILED
+                self._stop_all(f"clusterctl received {signal.Signals(signum).name}")
+            else:
+                self.console.info("second signal: killing every task now", error=True)
+                self._kill_all()
+
+    def _on_exit(self, task: TaskProcess) -> None:
+        """A task exited: act on it alone if the policy says so, then assess the run."""
+        if self.phase is policy.Phase.RUNNING and not task.stopped:
+            self._act_alone(task)
+        self._assess()
+
+    def _act_alone(self, task: TaskProcess) -> None:
+        limit = self.spec.restart.max_worker_restarts
+        action = policy.on_task_exit(task.name, task.code, mode=self.spec.mode,
+                                     restarts_done=task.restarts, max_restarts=limit)
+        what = f"{task.name} exited {exitcodes.describe(task.code)}: {task.cause()}"
+        if action is policy.TaskAction.RESTART:
+            task.restarts += 1
+            task.restart_at = Deadline.after(self._restart_delay)
+            self.console.info(f"{what}; restarting it in {self._restart_delay:g} s (restart "
+                              f"{task.restarts} of {limit})", error=True)
+        elif action is policy.TaskAction.GIVE_UP:
+            left = [t.name for t in self.tasks
+                    if t.job == "worker" and (t.running or t.restart_at is not None)]
+            self.console.info(f"{what}; not restarting it: restart.max_worker_restarts = {limit} "
+                              f"used up; the run goes on without it (workers left: "
+                              f"{', '.join(left) or 'none'})", error=True)
+        elif action is policy.TaskAction.LOST:
+            self.console.info(f"{what}; parameter servers are not restarted (their variables "
+                              "are lost): the chief's exit decides the run", error=True)
+
+    def _assess(self) -> None:
+        if self.phase is not policy.Phase.RUNNING:
+            return
+        codes = {e.task: e.code for e in self.exits}
+        self.phase = policy.assess(codes, [t.name for t in self.tasks], self.spec.mode)
+        if self.phase is not policy.Phase.RUNNING:
+            for task in self.tasks:
+                task.restart_at = None
+        coordinator = self.spec.mode == policy.COORDINATOR
+        if self.phase is policy.Phase.FAILED:
+            first = next(t for t in self.tasks if t.name == self.exits[-1].task)
+            self.console.info(f"{first.name} exited {exitcodes.describe(first.code)}: "
+                              f"{first.cause()}", error=True)
+            by_chief = coordinator and first.job == "chief"
+            self._stop_all("the chief's exit ends the run" if by_chief else "fail fast")
+        elif self.phase is policy.Phase.SUCCEEDED and coordinator:
+            self._stop_all("the chief exited 0: the run succeeded")  # servers serve forever
+        elif self.phase is policy.Phase.SUCCEEDED:
+            for task in self.tasks:  # servers stop now; trainers get the grace to finish
+                if task.running and task.job in ("ps", "evaluator"):
+                    task.stopped = True
+                    task.signal_group(signal.SIGTERM)
+            self.wind_down = Deadline.after(self.spec.timeouts.grace)
+
+    def _deadlines(self, run_deadline: Deadline) -> float | None:
+        candidates = [run_deadline] if self.phase is policy.Phase.RUNNING else []
+        candidates += [d for d in (self.kill_deadline, self.wind_down) if d is not None]
+        candidates += [t.restart_at for t in self.tasks if t.restart_at is not None]
+        timeouts = [d.timeout() for d in candidates]
+        finite = [t for t in timeouts if t is not None]
+        return min(finite) if finite else None
+
+    def _check_deadlines(self, run_deadline: Deadline) -> None:
+        if self.phase is policy.Phase.RUNNING and run_deadline.expired:
+            self.timed_out = True
+            self.phase = policy.Phase.FAILED
+            self._stop_all(f"the run exceeded timeouts.run = {self.spec.timeouts.run:g} s")
+        for task in self.tasks:
+            if task.restart_at is None:
+                continue
+            if self.phase is not policy.Phase.RUNNING:
+                task.restart_at = None
+            elif task.restart_at.expired:
+                self._restart(task)
+        if self.wind_down is not None and self.wind_down.expired:
+            self.wind_down = None
+            self._stop_all("the run succeeded")
+        if self.kill_deadline is not None and self.kill_deadline.expired:
+            if any(t.running for t in self.tasks):
+                self.console.info(f"grace of {self.spec.timeouts.grace:g} s over: SIGKILL")
+            self._kill_all()
+            self.kill_deadline = None
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Start every task and supervise them until all have exited; never leaves one
+        running, even when interrupted by an exception."""
+        self.sel.register(self.signals.read_fd, selectors.EVENT_READ, ("signal", None))
+        try:
+            try:
+                for task in self.tasks:
+                    self._start(task)
+                    self._on_signal()
+            except BaseException:
+                self._kill_all()
+                raise
+            run_deadline = Deadline.after(self.spec.timeouts.run)
+            drain: Deadline | None = None
+            while any(t.running or t.out_fd >= 0 or t.restart_at is not None
+                      for t in self.tasks):
+                if not any(t.running or t.restart_at is not None for t in self.tasks):
+                    drain = drain or Deadline.after(_PIPE_DRAIN)
+                    if drain.expired:
+                        break
+                timeout = self._deadlines(run_deadline)
+                if drain is not None:
+                    timeout = min(timeout if timeout is not None else _PIPE_DRAIN,
+                                  drain.remaining())
+                for key, _ in self.sel.select(timeout):
+                    kind, task = key.data
+                    if kind == "out":
+                        self._read(task)
+                    elif kind == "exit":
+                        self._reap(task)
+                        self._on_exit(task)
+                    else:
+                        self._on_signal()
+                self._check_deadlines(run_deadline)
+        finally:
+            self._kill_all()
+            for task in self.tasks:
+                self._close_output(task)
+                task.close()
+            self.sel.close()
+        return Outcome(self.phase, self.exits, self.interrupted, self.timed_out)
