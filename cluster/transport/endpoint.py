@@ -9,7 +9,8 @@ receives from then on:
   metadata advertises this rank's TCP data port, if it has one;
 - ``Exchange`` (client streaming, raw bytes): the gRPC data plane's frames from one peer, for
   the transport's whole life; the stream's end is the peer's goodbye, its breaking a loss;
-- ``Abort`` (unary): a peer aborted the group.
+- ``Abort`` (unary): a peer aborted the group, or (``lost_task`` set) found a peer dead and is
+  leaving because of it.
 
 Calls that arrive before a transport is attached (or after it closed) get UNAVAILABLE and are
 retried by the caller's ``connect``. Malformed frames get INVALID_ARGUMENT. Every call has passed
@@ -68,6 +69,10 @@ class InboundHandler(Protocol):
         ...
 
     def aborted_by_peer(self, task: str, reason: str) -> None:
+        ...
+
+    def lost_by_peer(self, task: str, reason: str, lost_task: str, lost_address: str) -> None:
+        """``task`` found ``lost_task`` dead and is leaving the group because of it."""
         ...
 
 
@@ -162,5 +167,9 @@ class CollectiveEndpoint:
 
     def _abort(self, request, context):
         transport = self._attached(context)
-        transport.aborted_by_peer(request.task, request.reason)
+        if request.lost_task:
+            transport.lost_by_peer(request.task, request.reason, request.lost_task,
+                                   request.lost_address)
+        else:
+            transport.aborted_by_peer(request.task, request.reason)
         return collective_pb2.AbortReply()

@@ -20,8 +20,11 @@ task's ``settings.data_plane``, ``CLUSTER_DATA_PLANE``: ``tcp``, the default, or
   each peer for the transport's whole life.
 
 Either way a rank receives on both, so tasks configured differently still interoperate. Peer loss
-is noticed three ways: the inbound connection breaks, a send fails, or heartbeats stop
-(:class:`~cluster.transport.control.HeartbeatMonitor`).
+is noticed four ways: the inbound connection breaks, a send fails, heartbeats stop
+(:class:`~cluster.transport.control.HeartbeatMonitor`), or a peer that lost it says so (``Abort``
+with ``lost_task``) before it closes. That last one keeps the root cause: without it, a rank
+waiting on a peer that closed because of a death would report the peer that left, not the task
+that died.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class NetworkTransport(Transport):
         self._heartbeat_timeout = heartbeat_timeout
         self._mailbox = Mailbox(lambda r: str(self._peers[r]))
         self._departed: set[int] = set()
+        self._told_peers = False  # abort() or close() told every peer why this group failed
         self._channels: dict[int, grpc.Channel] = {}
         self._monitor: HeartbeatMonitor | None = None
         self._routes: dict[int, DataPlane] = {}  # the plane each peer is sent to on
@@ -323,26 +327,68 @@ class NetworkTransport(Transport):
         if plane is not None:
             plane.drop(peer.rank)  # a send blocked on a hung peer must not wait forever
 
-    def abort(self, reason: str) -> None:
-        """Tell every peer (best effort, 2 s at most) and fail this rank's group too."""
-        if self.closed:
+    def lost_by_peer(self, task: str, reason: str, lost_task: str, lost_address: str) -> None:
+        """``task`` found ``lost_task`` dead and is leaving: this rank has lost it too."""
+        peer = next((p for p in self._peers if p.task == lost_task), None)
+        if peer is None or peer.rank == self.rank:  # not a peer here: only the abort is certain
+            self.aborted_by_peer(task, reason)
             return
-        request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
+        self._peer_lost(peer, PeerUnavailableError(
+            f"{peer} is unavailable, as {task} found: {reason}",
+            task=peer.task, address=peer.address))
+
+    def _tell_peers(self, request: collective_pb2.AbortRequest, timeout: float,
+                    skip: frozenset[int] = frozenset()) -> list[grpc.Future]:
+        """Start an Abort call to every peer not in ``skip``; the caller waits on them."""
+        self._told_peers = True
         calls = []
-        for channel in self._channels.values():
+        for rank, channel in self._channels.items():
+            if rank in skip:
+                continue
             method = channel.unary_unary(
                 f"/{SERVICE}/Abort",
                 request_serializer=collective_pb2.AbortRequest.SerializeToString,
                 response_deserializer=collective_pb2.AbortReply.FromString,
             )
-            calls.append(method.future(request, timeout=2.0, metadata=self.token.metadata))
-        self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
-                                          task=self._me.task))
+            calls.append(method.future(request, timeout=timeout, metadata=self.token.metadata))
+        return calls
+
+    @staticmethod
+    def _wait_told(calls: list[grpc.Future]) -> None:
         for call in calls:
             try:
                 call.result()
             except grpc.RpcError:
                 pass  # a peer that is gone cannot be told; its own detection covers it
+
+    def _pass_on_loss(self, deadline: Deadline) -> None:
+        """Before this rank's goodbye: if its group failed because a peer died, tell the others.
+
+        A goodbye reads as "left the group", so a rank waiting on this one would otherwise name
+        this rank, not the task that died. Each call is acknowledged only once the receiver's
+        group has failed, so every peer that answers holds the root cause before the goodbye.
+        """
+        error = self._mailbox.error
+        if self._told_peers or not isinstance(error, PeerUnavailableError):
+            return
+        lost = next((p for p in self._peers if p.task == error.task), None)
+        if lost is None or lost.rank in self._departed:  # departed: it left, nobody died
+            return
+        request = collective_pb2.AbortRequest(task=self._me.task, reason=str(error),
+                                              lost_task=lost.task, lost_address=lost.address)
+        timeout = max(min(deadline.remaining(), 2.0), 0.05)
+        self._wait_told(self._tell_peers(request, timeout,
+                                         skip=frozenset({lost.rank, *self._departed})))
+
+    def abort(self, reason: str) -> None:
+        """Tell every peer (best effort, 2 s at most) and fail this rank's group too."""
+        if self.closed:
+            return
+        request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
+        calls = self._tell_peers(request, 2.0)
+        self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
+                                          task=self._me.task))
+        self._wait_told(calls)
 
     def check(self) -> None:
         self._mailbox.check()
@@ -351,6 +397,7 @@ class NetworkTransport(Transport):
         if self.closed:
             return
         deadline = deadline or Deadline.after(5.0)
+        self._pass_on_loss(deadline)  # before any goodbye, which peers would take as the cause
         if self._monitor is not None:
             self._monitor.close()
         for plane in self._planes:

@@ -1,4 +1,4 @@
-"""Real processes, real sockets: a killed peer becomes a typed error on every survivor."""
+"""A killed peer becomes a typed error naming it on every survivor: real processes, real sockets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import time
 import pytest
 
 from cluster.deadline import Deadline
+from cluster.errors import PeerUnavailableError
 from cluster.testing import run_group
 from cluster.transport.api import MessageKey
+
+from .conftest import NetworkGroup
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -34,8 +37,9 @@ def _victim_dies_others_wait(transport, victim: int):
                 transport.recv(r, MessageKey("acked", 0, 0), deadline=Deadline.after(10))
         os.kill(os.getpid(), signal.SIGKILL)
     transport.send(victim, MessageKey("acked", 0, 0), b"", deadline=Deadline.after(10))
-    # Rank 0 waits on rank 1, which waits on the victim: rank 0 has no stream from the victim
-    # that could break, so it must learn through heartbeats or an abort.
+    # Rank 0 waits on rank 1, which waits on the victim. Rank 0 learns of the death by its own
+    # connection from the victim breaking, by heartbeats, or from rank 1, which closes its
+    # transport once it has seen the death: whichever comes first must name the victim.
     src = (transport.rank + 1) % transport.world_size
     start = time.monotonic()
     try:
@@ -56,6 +60,23 @@ def test_kill_9_of_a_peer_is_a_peer_unavailable_error_naming_it_on_every_survivo
         assert kind == "PeerUnavailableError", message
         assert "worker:2 (127.0.0.1:" in message
         assert elapsed < 10.0
+
+
+@pytest.mark.parametrize("plane", ["tcp", "grpc"])
+def test_a_survivor_that_closes_after_losing_a_peer_makes_the_others_name_that_peer(plane) -> None:
+    # The race of the test above, made deterministic: only rank 1 sees rank 2 lost, then closes,
+    # while rank 0 waits on rank 1. Rank 0 must name the task that died, not the rank that left.
+    group = NetworkGroup(3, data_plane=plane)
+    try:
+        a, b, _ = group.transports
+        b._peer_lost_by_rank(2, "its data connection broke")  # what b's receiver thread reports
+        b.close()
+        with pytest.raises(PeerUnavailableError, match=r"^worker:2 \(127\.0\.0\.1:") as info:
+            a.recv(1, MessageKey("g", 0, 0), deadline=Deadline.after(5))
+        assert (info.value.task, info.value.address) == ("worker:2", group.peers[2].address)
+        assert "worker:1" in str(info.value)  # who found it
+    finally:
+        group.close()
 
 
 def _echo_sum(transport):

@@ -53,16 +53,20 @@ class HelloReply(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
-    __slots__ = ("group", "seq", "task", "reason")
+    __slots__ = ("group", "seq", "task", "reason", "lost_task", "lost_address")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LOST_TASK_FIELD_NUMBER: _ClassVar[int]
+    LOST_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     group: str
     seq: int
     task: str
     reason: str
-    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    lost_task: str
+    lost_address: str
+    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ..., lost_task: _Optional[str] = ..., lost_address: _Optional[str] = ...) -> None: ...
 
 class AbortReply(_message.Message):
     __slots__ = ()
