@@ -1,0 +1,351 @@
+"""The coordination service and its client: one task tracks the liveness of every task.
+
+One task of the cluster hosts :class:`CoordinationService` (the chief, or worker 0 when there
+is no chief: :func:`coordinator_task`); every task, that one included, runs a
+:class:`CoordinationClient`. So each task holds one connection and one thread for the control
+plane whatever the cluster's size, and the coordinator serves N small unary calls per heartbeat
+interval (no call holds a server thread between heartbeats).
+
+- Start-up: a task registers (naming the coordinator it expects and a digest of its cluster, so
+  a task given another cluster is refused, never joined), then :meth:`CoordinationClient.wait_for`
+  waits until the tasks it needs have registered.
+- Liveness: a task heartbeats every ``interval``; one silent for ``timeout`` is declared lost
+  (:class:`~cluster.transport.membership.Membership`). A task that finds a peer's connection
+  broken, or fails, reports it. Every reply carries the events the caller has not seen, so every
+  task learns of a loss or failure within one interval of the coordinator knowing.
+- The coordinator itself: a task whose heartbeats have failed for ``timeout`` seconds treats the
+  coordinator as lost (``on_coordinator_lost``), the same bound as for any task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from cluster.deadline import Deadline
+from cluster.errors import PeersNotReadyError, PeerUnavailableError
+from cluster.transport._grpc_errors import fails_at_connect, status_name, translate
+from cluster.transport._pb import coordination_pb2
+from cluster.transport.auth import Token
+from cluster.transport.membership import (
+    Event,
+    EventKind,
+    HeartbeatAnswer,
+    Membership,
+    UnknownTaskError,
+)
+from cluster.transport.server import CHANNEL_OPTIONS
+
+__all__ = [
+    "SERVICE",
+    "CoordinationClient",
+    "CoordinationService",
+    "cluster_digest",
+    "coordinator_task",
+]
+
+log = logging.getLogger(__name__)
+
+SERVICE = "cluster_runtime.v1.Coordination"
+_KINDS = {
+    EventKind.LOST: coordination_pb2.ClusterEvent.LOST,
+    EventKind.FAILED: coordination_pb2.ClusterEvent.FAILED,
+    EventKind.LEFT: coordination_pb2.ClusterEvent.LEFT,
+}
+_FROM_WIRE = {v: k for k, v in _KINDS.items()}
+
+
+def coordinator_task(tasks: Sequence[str]) -> str:
+    """The task that hosts the service: the chief, else worker 0, else the first task."""
+    for candidate in ("chief:0", "worker:0"):
+        if candidate in tasks:
+            return candidate
+    return tasks[0]
+
+
+def cluster_digest(tasks: Sequence[tuple[str, str]]) -> bytes:
+    """A digest of the cluster (every ``(task, address)``): equal on tasks given the same one."""
+    return hashlib.sha256(json.dumps(sorted(tasks)).encode()).digest()[:16]
+
+
+def _to_wire(event: Event) -> coordination_pb2.ClusterEvent:
+    return coordination_pb2.ClusterEvent(
+        kind=_KINDS[event.kind], task=event.task, reporter=event.reporter,
+        error_type=event.error_type, message=event.message, exit_code=event.exit_code)
+
+
+def _from_wire(event: coordination_pb2.ClusterEvent) -> Event:
+    return Event(_FROM_WIRE.get(event.kind, EventKind.LOST), event.task, event.reporter,
+                 event.error_type, event.message, event.exit_code)
+
+
+class CoordinationService:
+    """The ``Coordination`` service, hosted by one task; see the module docstring.
+
+    ``tasks`` are every task of the cluster; ``me`` is the hosting task; ``digest`` its
+    :func:`cluster_digest`. :meth:`start` runs the expiry clock, :meth:`stop` ends it.
+    """
+
+    def __init__(self, me: str, tasks: Sequence[str], digest: bytes, *, interval: float,
+                 timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.me = me
+        self.incarnation = int.from_bytes(os.urandom(8), "little")
+        self._digest = digest
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._membership = Membership(tuple(tasks), timeout)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._expire_loop, name="coordination-clock",
+                                        daemon=True)
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "Register": grpc.unary_unary_rpc_method_handler(
+                self._register,
+                request_deserializer=coordination_pb2.RegisterRequest.FromString,
+                response_serializer=coordination_pb2.RegisterReply.SerializeToString),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(
+                self._heartbeat,
+                request_deserializer=coordination_pb2.CoordinationHeartbeatRequest.FromString,
+                response_serializer=coordination_pb2.CoordinationHeartbeatReply.SerializeToString),
+            "Report": grpc.unary_unary_rpc_method_handler(
+                self._report,
+                request_deserializer=coordination_pb2.ReportRequest.FromString,
+                response_serializer=coordination_pb2.ReportReply.SerializeToString),
+        }
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+    def _expire_loop(self) -> None:
+        # A clock, not a poll: silence is only visible by looking at the time.
+        while not self._stopping.wait(self._interval / 2):
+            with self._lock:
+                events = self._membership.expire(self._clock())
+            for event in events:
+                log.warning("%s: %s is lost: %s", self.me, event.task, event.message)
+
+    def _register(self, request, context):
+        if request.coordinator != self.me or request.cluster_digest != self._digest:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{request.task or 'a task'} was given another cluster than "
+                          f"{self.me} (the coordination service)")
+        try:
+            with self._lock:
+                self._membership.register(request.task, request.incarnation, self._clock())
+        except UnknownTaskError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return coordination_pb2.RegisterReply(coordinator_incarnation=self.incarnation)
+
+    def _heartbeat(self, request, context):
+        try:
+            with self._lock:
+                answer = self._membership.heartbeat(request.task, request.incarnation,
+                                                    request.events_seen, self._clock())
+        except UnknownTaskError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return coordination_pb2.CoordinationHeartbeatReply(
+            events=[_to_wire(e) for e in answer.events], next_event=answer.next_event,
+            unregistered=answer.unregistered, coordinator_incarnation=self.incarnation)
+
+    def _report(self, request, context):
+        event = _from_wire(request.event)
+        try:
+            with self._lock:
+                news = self._membership.report(event, self._clock())
+        except UnknownTaskError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if news:
+            log.info("%s: %s reports %s %s", self.me, event.reporter, event.task,
+                     event.kind.value)
+        return coordination_pb2.ReportReply()
+
+
+class CoordinationClient:
+    """One task's side of the coordination service; see the module docstring.
+
+    ``on_event(event)`` is called (from the heartbeat thread) for each event about another task,
+    in log order; ``on_coordinator_lost(error)`` once, when the coordinator has not answered for
+    ``timeout`` seconds. Call :meth:`register`, then :meth:`start`; :meth:`close` reports a
+    clean departure (``leave=True``) and stops the thread.
+    """
+
+    def __init__(self, me: str, incarnation: int, coordinator: tuple[str, str], digest: bytes,
+                 token: Token, *, interval: float, timeout: float,
+                 on_event: Callable[[Event], None],
+                 on_coordinator_lost: Callable[[PeerUnavailableError], None]) -> None:
+        self.me = me
+        self.incarnation = incarnation
+        self.coordinator, self.address = coordinator
+        self._digest = digest
+        self._token = token
+        self._interval = interval
+        self._timeout = timeout
+        self._on_event = on_event
+        self._on_lost = on_coordinator_lost
+        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._register_call = self._method("Register", coordination_pb2.RegisterRequest,
+                                           coordination_pb2.RegisterReply)
+        self._heartbeat_call = self._method(
+            "Heartbeat", coordination_pb2.CoordinationHeartbeatRequest,
+            coordination_pb2.CoordinationHeartbeatReply)
+        self._report_call = self._method("Report", coordination_pb2.ReportRequest,
+                                         coordination_pb2.ReportReply)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._events_seen = 0
+        self._unregistered: tuple[str, ...] | None = None  # None: no answer yet
+        self._last_answer = time.monotonic()
+        self._lost: PeerUnavailableError | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _method(self, name: str, request_type, reply_type):
+        return self._channel.unary_unary(
+            f"/{SERVICE}/{name}", request_serializer=request_type.SerializeToString,
+            response_deserializer=reply_type.FromString)
+
+    def _peer(self) -> str:
+        return f"{self.coordinator} ({self.address}, the coordination service)"
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def register(self, deadline: Deadline) -> None:
+        """Join the cluster, waiting (until ``deadline``) for the coordinator to come up.
+
+        Raises ``PeersNotReadyError`` naming the coordinator when it never answered,
+        ``ClusterSpecMismatchError`` when it was given another cluster (or does not know this
+        task), ``UnauthenticatedError`` when it refuses our token.
+        """
+        request = coordination_pb2.RegisterRequest(
+            task=self.me, incarnation=self.incarnation, coordinator=self.coordinator,
+            cluster_digest=self._digest)
+        status = "no answer"
+        while True:
+            try:
+                self._register_call(request, timeout=max(0.05, min(2.0, deadline.remaining())),
+                                    metadata=self._token.metadata, wait_for_ready=True)
+                break
+            except grpc.RpcError as e:
+                if fails_at_connect(e):
+                    raise translate(e, self._peer(), f"{self.me}'s registration") from e
+                status = status_name(e)
+            if deadline.expired:
+                raise PeersNotReadyError(
+                    f"{self.me}: the coordination service {self._peer()} never answered "
+                    f"[{status}]", missing=[(self.coordinator, self.address, status)])
+            self._stopping.wait(min(0.1, deadline.remaining()))
+        with self._lock:
+            self._last_answer = time.monotonic()
+
+    def start(self) -> None:
+        """Start heartbeating (after :meth:`register`)."""
+        self._thread = threading.Thread(target=self._run, name="coordination-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait_for(self, tasks: Sequence[str], deadline: Deadline,
+                 addresses: dict[str, str]) -> None:
+        """Block until every task of ``tasks`` has registered.
+
+        Raises ``PeersNotReadyError`` listing each one that had not by ``deadline`` (with its
+        address from ``addresses``), or the coordinator's loss as ``PeerUnavailableError``.
+        """
+        wanted = set(tasks)
+        with self._changed:
+            while True:
+                if self._lost is not None:
+                    raise self._lost
+                if self._unregistered is not None and not wanted & set(self._unregistered):
+                    return
+                if deadline.expired:
+                    pending = [t for t in tasks if self._unregistered is None
+                               or t in self._unregistered]
+                    missing = [(t, addresses.get(t, ""), "not registered") for t in pending]
+                    listed = ", ".join(f"{t} ({a}) [{s}]" for t, a, s in missing)
+                    raise PeersNotReadyError(
+                        f"{self.me}: {len(missing)} of {len(tasks)} tasks never came up: "
+                        f"{listed}", missing=missing)
+                self._changed.wait(deadline.timeout())
+
+    # -- the heartbeat thread -------------------------------------------------------------------
+
+    def _period(self) -> float:
+        # Until everyone has registered, ask more often: the start-up barrier waits on it.
+        if self._unregistered is None or self._unregistered:
+            return min(self._interval, 0.1)
+        return self._interval
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._period()):
+            self.beat()
+
+    def beat(self) -> HeartbeatAnswer | None:
+        """One heartbeat (the thread calls this); events are handed to ``on_event``."""
+        request = coordination_pb2.CoordinationHeartbeatRequest(
+            task=self.me, incarnation=self.incarnation, events_seen=self._events_seen)
+        try:
+            reply = self._heartbeat_call(request, timeout=max(self._interval, 0.5),
+                                         metadata=self._token.metadata)
+        except grpc.RpcError as e:
+            self._no_answer(status_name(e))
+            return None
+        events = tuple(_from_wire(e) for e in reply.events)
+        with self._changed:
+            self._last_answer = time.monotonic()
+            self._events_seen = reply.next_event
+            self._unregistered = tuple(reply.unregistered)
+            self._changed.notify_all()
+        for event in events:
+            if event.task != self.me:
+                self._on_event(event)
+        return HeartbeatAnswer(events, reply.next_event, tuple(reply.unregistered))
+
+    def _no_answer(self, status: str) -> None:
+        with self._changed:
+            silent = time.monotonic() - self._last_answer
+            if self._lost is not None or silent <= self._timeout or self._stopping.is_set():
+                return
+            self._lost = PeerUnavailableError(
+                f"{self._peer()} is unavailable: no answer for {silent:.1f} s [{status}]",
+                task=self.coordinator, address=self.address)
+            error = self._lost
+            self._changed.notify_all()
+        self._on_lost(error)
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def report(self, event: Event, deadline: Deadline) -> bool:
+        """Tell the coordinator ``event`` (bounded by ``deadline``); False if it was not told."""
+        try:
+            self._report_call(coordination_pb2.ReportRequest(event=_to_wire(event)),
+                              timeout=max(deadline.remaining(), 0.05),
+                              metadata=self._token.metadata)
+        except grpc.RpcError as e:
+            log.debug("%s: could not report %s to %s: %s", self.me, event, self._peer(),
+                      status_name(e))
+            return False
+        return True
+
+    def close(self, *, leave: bool = True, deadline: Deadline | None = None) -> None:
+        """Stop heartbeating; with ``leave``, first tell the coordinator this is a clean exit."""
+        self._stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        if leave and self._lost is None:
+            self.report(Event(EventKind.LEFT, self.me, reporter=self.me),
+                        deadline or Deadline.after(1.0))
+        self._channel.close()
