@@ -1,14 +1,36 @@
-"""The one place where grpc.RpcError becomes a cluster error (STYLE.md: translate at the edge)."""
+"""The one module that reads ``grpc.StatusCode``: gRPC failures in, typed cluster errors out.
+
+Clients (``ps_client``, ``worker_client``, the collective transport) call :func:`translate` or
+:func:`translate_run` on a failed call; servicers answer with :func:`abort_store_error`,
+:func:`abort_invalid` or :func:`abort_unavailable`, so the status a server sends and the error a
+client rebuilds are decided here, in both directions. Errors are classified by status code and
+by the type name a parameter server puts in trailing metadata, never by message text.
+"""
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import grpc
 
-from cluster.errors import ClusterError, PeerUnavailableError, UnauthenticatedError
+from cluster.errors import (
+    ClusterError,
+    FunctionTimeoutError,
+    PeerUnavailableError,
+    UnauthenticatedError,
+)
+from cluster.transport._ps_wire import ERROR_KEY, STORE_ERRORS
 from cluster.transport.api import PeerInfo
 
-__all__ = ["translate"]
+__all__ = [
+    "abort_invalid",
+    "abort_store_error",
+    "abort_unavailable",
+    "translate",
+    "translate_run",
+]
 
+# A call to a peer that ended like this says the peer (or the way to it) is gone.
 _UNREACHABLE = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.CANCELLED,
@@ -16,22 +38,100 @@ _UNREACHABLE = {
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.INTERNAL,
 }
+# A function run that ended like this never finished on its worker: it runs again elsewhere.
+# (UNKNOWN and INTERNAL come from a worker that answered: the run failed, it is not re-run.)
+_RUN_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+
+# The status a parameter server answers each store error with; the client reads the type name
+# from trailing metadata (ERROR_KEY), the code keeps the answer meaningful to other clients.
+_STORE_STATUS = {
+    "VariableNotFoundError": grpc.StatusCode.NOT_FOUND,
+    "VariableExistsError": grpc.StatusCode.ALREADY_EXISTS,
+    "VariableMismatchError": grpc.StatusCode.INVALID_ARGUMENT,
+    "StaleStepError": grpc.StatusCode.FAILED_PRECONDITION,
+    "SyncTimeoutError": grpc.StatusCode.ABORTED,
+}
 
 
-def translate(error: grpc.RpcError, peer: PeerInfo, activity: str) -> ClusterError:
-    """A typed error naming ``peer`` and ``activity`` for a failed call to that peer."""
-    code = error.code() if hasattr(error, "code") else None
-    details = error.details() if hasattr(error, "details") else str(error)
+def _code(error: grpc.RpcError) -> grpc.StatusCode | None:
+    return error.code() if hasattr(error, "code") else None
+
+
+def _details(error: grpc.RpcError) -> str:
+    return error.details() if hasattr(error, "details") else str(error)
+
+
+def _refused(peer: PeerInfo, activity: str) -> UnauthenticatedError:
+    return UnauthenticatedError(
+        f"{peer} refused {activity}: missing or wrong cluster token (CLUSTER_TOKEN must be the "
+        "same on every task)")
+
+
+def translate(error: grpc.RpcError, peer: PeerInfo, activity: str, *,
+              seconds: float | None = None) -> ClusterError:
+    """A typed error naming ``peer`` and ``activity`` for a failed call to that peer.
+
+    A parameter server's store error comes back as its own type; a refused token is
+    :class:`UnauthenticatedError`; a dead, unreachable or too slow peer is
+    :class:`PeerUnavailableError` (``seconds``: the call's deadline, named in the message);
+    anything else :class:`ClusterError`.
+    """
+    code, details = _code(error), _details(error)
+    metadata = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    names = [v for k, v in (metadata or ()) if k == ERROR_KEY]
+    if names and names[0] in STORE_ERRORS:
+        return STORE_ERRORS[names[0]](f"{peer}: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return UnauthenticatedError(
-            f"{peer} refused {activity}: missing or wrong cluster token (CLUSTER_TOKEN must be "
-            "the same on every task)"
-        )
+        return _refused(peer, activity)
     if code in _UNREACHABLE or code is None:
         name = code.name if code is not None else "error"
-        return PeerUnavailableError(
-            f"{peer} unreachable during {activity}: {name}: {details}",
-            task=peer.task,
-            address=peer.address,
-        )
+        after = f" after {seconds:.1f} s" if seconds is not None else ""
+        return PeerUnavailableError(f"{peer} unreachable during {activity}{after}: {name}: "
+                                    f"{details}", task=peer.task, address=peer.address)
     return ClusterError(f"{peer} failed {activity}: {code.name}: {details}")
+
+
+def translate_run(error: grpc.RpcError, peer: PeerInfo, activity: str, *,
+                  seconds: float, setting: str) -> ClusterError:
+    """:func:`translate` for a worker's ``Run`` of a function (``activity``, "function #3").
+
+    :class:`PeerUnavailableError` means the run was lost with its worker (run it elsewhere);
+    a run past its ``seconds`` deadline is :class:`FunctionTimeoutError` naming ``setting``, the
+    variable that sets it; a refused token :class:`UnauthenticatedError`; else
+    :class:`ClusterError` (the worker answered: the run failed).
+    """
+    code, details = _code(error), _details(error)
+    if code in _RUN_LOST:
+        return PeerUnavailableError(f"{peer} lost {activity}: {code.name}: {details}",
+                                    task=peer.task, address=peer.address)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return FunctionTimeoutError(
+            f"{activity} ran on {peer.task} for more than {seconds:g} s ({setting})")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return _refused(peer, activity)
+    name = code.name if code is not None else "error"
+    return ClusterError(f"{peer.task} failed to run {activity}: {name}: {details}")
+
+
+# -- server side ------------------------------------------------------------------------------
+
+
+def abort_store_error(context: grpc.ServicerContext, error: Exception) -> NoReturn:
+    """End a call with the status of store error ``error`` and its type name in trailing
+    metadata (:func:`translate` rebuilds the type on the client)."""
+    context.set_trailing_metadata(((ERROR_KEY, type(error).__name__),))
+    context.abort(_STORE_STATUS.get(type(error).__name__, grpc.StatusCode.INVALID_ARGUMENT),
+                  str(error))
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def abort_invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
+    """End a call whose request is malformed (INVALID_ARGUMENT); the server keeps serving."""
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def abort_unavailable(context: grpc.ServicerContext, message: str) -> NoReturn:
+    """End a call the task cannot serve yet (UNAVAILABLE): a client treats it as not there."""
+    context.abort(grpc.StatusCode.UNAVAILABLE, message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
