@@ -36,6 +36,7 @@ from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
     PeerUnavailableError,
+    TaskConfigError,
     TransportClosedError,
     UnauthenticatedError,
 )
@@ -305,7 +306,7 @@ class GrpcTransport(Transport):
                                        metadata=self.token.metadata, wait_for_ready=True)
         if reply.rank != peer.rank or reply.task != peer.task:
             self.close()
-            raise ClusterError(
+            raise TaskConfigError(
                 f"{self._me}: {peer.address} answered as {reply.task} (rank {reply.rank}), "
                 f"expected {peer.task} (rank {peer.rank}): the cluster spec differs between tasks")
         for k, v in call.trailing_metadata() or ():
