@@ -225,8 +225,6 @@ class Placer:
     """
 
     def __init__(self, num_ps: int, partitioner: Partitioner | None = None) -> None:
-        if num_ps < 1:
-            raise ValueError(f"place: need at least one ps task, got num_ps={num_ps}")
         self.num_ps = num_ps
         self._partitioner = partitioner
         self._count = 0
@@ -234,7 +232,9 @@ class Placer:
     def place(self, name: str, shape: Sequence[int], dtype: Any = np.float32) -> tuple[Shard, ...]:
         """The shards of the next variable ``name``; rank-0 variables are never partitioned.
         Raises ``ValueError`` when the partitioner returns anything but ``[n >= 1, 1, 1, ...]``
-        (TF's rule)."""
+        (TF's rule), or when there is no ps task to place on."""
+        if self.num_ps < 1:
+            raise ValueError(f"place: need at least one ps task, got num_ps={self.num_ps}")
         shape = tuple(int(d) for d in shape)
         num = 1
         if shape and self._partitioner is not None:
@@ -267,6 +267,8 @@ def place(variables: Iterable[tuple], num_ps: int,
     when ``num_ps < 1``, names repeat, or the partitioner's answer is malformed
     (:meth:`Placer.place`).
     """
+    if num_ps < 1:
+        raise ValueError(f"place: need at least one ps task, got num_ps={num_ps}")
     placer = Placer(num_ps, partitioner)
     shards: list[Shard] = []
     seen: set[str] = set()

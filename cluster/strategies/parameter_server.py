@@ -222,7 +222,7 @@ class ParameterServerStrategy(Strategy):
     def _init(self, config: StrategyConfig, connections: PsConnections,
               partitioner: Partitioner | None, *, coordinator: bool) -> None:
         self._config = config
-        self._placer = Placer(len(config.ps_tasks), partitioner)  # guarded by self._lock
+        self._partitioner = partitioner
         super().__init__(ParameterServerExtended(self, config, connections, partitioner,
                                                  coordinator=coordinator))
         _register(self)
