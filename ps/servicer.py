@@ -2,8 +2,9 @@
 
 Requests are authenticated by the task server's token interceptor before any byte reaches these
 handlers. Tensors are decoded with ``np.frombuffer`` (never pickle). A store error is answered
-with its status code (``cluster.transport.ps_client.status_of``) and its type name in trailing
-metadata, a malformed request with INVALID_ARGUMENT; the server keeps serving either way.
+with its status code and its type name in trailing metadata, a malformed request with
+INVALID_ARGUMENT (both decided by ``cluster.transport._grpc_errors``); the server keeps serving
+either way.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import grpc
 from cluster.deadline import Deadline
 from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
+from cluster.transport._grpc_errors import abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_wire import ERROR_KEY, fill_chunk, from_chunk
-from cluster.transport.ps_client import SERVICE, optimizer_from_proto, status_of
+from cluster.transport._ps_wire import fill_chunk, from_chunk
+from cluster.transport.ps_client import SERVICE, optimizer_from_proto
 from cluster.transport.server import TaskServer
 
 __all__ = ["PsService"]
@@ -55,10 +57,9 @@ class PsService:
             try:
                 return fn(request, context)
             except VariableStoreError as e:
-                context.set_trailing_metadata(((ERROR_KEY, type(e).__name__),))
-                context.abort(status_of(e), str(e))
+                abort_store_error(context, e)
             except (ValueError, TypeError) as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                abort_invalid(context, str(e))
         return handler
 
     def _create(self, request, context):

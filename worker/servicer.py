@@ -3,7 +3,7 @@
 Requests are authenticated by the task server's token interceptor before any byte reaches this
 handler; only then is the payload unpickled (``cluster.coordinator._calls.WorkerState.run``).
 The reply is MAC'd with the cluster token over the request's nonce and run id
-(``cluster.coordinator._wire``), so the coordinator can authenticate it before unpickling.
+(``cluster.coordinator._reply_mac``), so the coordinator can authenticate it before unpickling.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import threading
 import grpc
 
 from cluster.coordinator._calls import WorkerState
-from cluster.coordinator._wire import SERVICE, reply_mac
+from cluster.coordinator._reply_mac import reply_mac
 from cluster.strategies._ps_variables import SyncSlot
+from cluster.transport._grpc_errors import abort_invalid, abort_unavailable
 from cluster.transport._pb import coordinator_pb2
 from cluster.transport.auth import Token
+from cluster.transport.worker_client import SERVICE
 
 __all__ = ["SERVICE", "WorkerService"]
 
@@ -55,11 +57,11 @@ class WorkerService:
 
     def _run(self, request: coordinator_pb2.RunRequest, context) -> coordinator_pb2.RunReply:
         if not self._bound.wait(_BIND_WAIT):
-            context.abort(grpc.StatusCode.UNAVAILABLE, "worker still starting")
+            abort_unavailable(context, "worker still starting")
         sync = None
         if request.num_contributors:
             if request.contributor >= request.num_contributors:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                abort_invalid(context,
                               f"contributor {request.contributor} out of range for "
                               f"{request.num_contributors} contributors")
             sync = SyncSlot(request.sync_step, request.contributor, request.num_contributors)

@@ -5,7 +5,7 @@
 """
 
 from cluster.coordinator.coordinator import ClusterCoordinator
-from cluster.coordinator.values import (
+from cluster.coordinator.remote_values import (
     PerWorkerDataset,
     PerWorkerIterator,
     PerWorkerValues,

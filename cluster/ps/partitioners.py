@@ -2,15 +2,17 @@
 
 The three partitioners mirror ``tf.distribute.experimental.partitioners.*`` (same arguments,
 defaults, validation and arithmetic; ``__call__(shape, dtype, axis=0)`` returns the number of
-partitions per axis). :func:`place` reproduces ``ParameterServerStrategy``'s placement: variables
-(and each shard of a partitioned one, named ``"name/part_i"``) go round-robin over the ``ps``
-tasks in creation order, so the shards of one variable land on consecutive tasks. Shards split
-axis 0 with TF's "div" strategy: the first ``rows % n`` shards get one more row
-(:func:`shard_sizes`, :func:`split`, :func:`concat`). Pure: no I/O.
+partitions per axis). :class:`Placer` is ``ParameterServerStrategy``'s placement (:func:`place`
+plans a list with one): variables (and each shard of a partitioned one, named
+``"name/part_i"``) go round-robin over the ``ps`` tasks in creation order, so the shards of one
+variable land on consecutive tasks; each piece is a :class:`Shard`. Shards split axis 0 with
+TF's "div" strategy: the first ``rows % n`` shards get one more row (:func:`shard_sizes`,
+:func:`split`, :func:`concat`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +26,8 @@ __all__ = [
     "MinSizePartitioner",
     "Partitioner",
     "Placement",
-    "ShardPlacement",
+    "Placer",
+    "Shard",
     "concat",
     "place",
     "shard_sizes",
@@ -175,76 +178,104 @@ def concat(shards: Sequence[np.ndarray]) -> np.ndarray:
 # ---- placement --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ShardPlacement:
-    """Where one shard (or a whole, unpartitioned variable) lives.
+class Shard:
+    """One stored piece of a variable: ``name`` on task ``ps:<ps>``, rows ``offset .. offset +
+    shape[0]`` of the whole (the whole variable when unpartitioned).
 
-    ``name`` is the stored name (``variable`` itself, or ``"variable/part_i"``), ``ps`` the index
-    of its ``ps`` task, ``offset``/``shape`` its place in the whole variable along axis 0.
+    ``name`` is the stored name (``variable`` itself, or ``"variable/part_<index>"``); ``index``
+    is the piece's place among the variable's ``num_shards``.
     """
 
-    variable: str
     name: str
-    index: int
-    num_shards: int
     ps: int
     offset: int
     shape: tuple[int, ...]
+    variable: str = ""
+    index: int = 0
+    num_shards: int = 1
+
+    def alone(self) -> Shard:
+        """This piece as a whole variable of its own (a view of one shard)."""
+        return Shard(self.name, self.ps, 0, self.shape, self.name)
 
 
 @dataclass(frozen=True)
 class Placement:
     """The plan :func:`place` returns: every shard, in creation order."""
 
-    shards: tuple[ShardPlacement, ...]
+    shards: tuple[Shard, ...]
     num_ps: int
 
-    def shards_of(self, variable: str) -> list[ShardPlacement]:
+    def shards_of(self, variable: str) -> list[Shard]:
         """The shards of ``variable`` in order (one entry when it is not partitioned)."""
         found = [s for s in self.shards if s.variable == variable]
         if not found:
             raise KeyError(f"no variable {variable!r} in this placement")
         return found
 
-    def on_ps(self, ps: int) -> list[ShardPlacement]:
+    def on_ps(self, ps: int) -> list[Shard]:
         """The shards placed on task ``ps:<ps>``, in creation order."""
         return [s for s in self.shards if s.ps == ps]
 
 
-def place(variables: Iterable[tuple], num_ps: int,
-          partitioner: Partitioner | None = None) -> Placement:
-    """Plan where variables go, as ``ParameterServerStrategy`` does.
-
-    ``variables``: ``(name, shape)`` or ``(name, shape, dtype)`` in creation order (dtype
-    defaults to float32; it only matters to size-based partitioners). Rank-0 variables are never
-    partitioned. Raises ``ValueError`` when ``num_ps < 1``, names repeat, or the partitioner
-    returns anything but ``[n >= 1, 1, 1, ...]`` (TF's rule).
+class Placer:
+    """TF's round-robin over ``num_ps`` tasks: every variable or shard placed advances one
+    counter (TF's ``_variable_count``), so the shards of one variable land on consecutive
+    tasks and placement depends only on creation order. Not thread-safe: callers serialize.
     """
-    if num_ps < 1:
-        raise ValueError(f"place: need at least one ps task, got num_ps={num_ps}")
-    shards: list[ShardPlacement] = []
-    seen: set[str] = set()
-    count = 0  # TF's _variable_count: every created variable or shard advances it
-    for entry in variables:
-        name, shape, dtype = (*entry, np.float32) if len(entry) == 2 else entry
+
+    def __init__(self, num_ps: int, partitioner: Partitioner | None = None) -> None:
+        self.num_ps = num_ps
+        self._partitioner = partitioner
+        self._count = 0
+
+    def place(self, name: str, shape: Sequence[int], dtype: Any = np.float32) -> tuple[Shard, ...]:
+        """The shards of the next variable ``name``; rank-0 variables are never partitioned.
+        Raises ``ValueError`` when the partitioner returns anything but ``[n >= 1, 1, 1, ...]``
+        (TF's rule), or when there is no ps task to place on."""
+        if self.num_ps < 1:
+            raise ValueError(f"place: need at least one ps task, got num_ps={self.num_ps}")
         shape = tuple(int(d) for d in shape)
-        if name in seen:
-            raise ValueError(f"place: variable {name!r} appears twice")
-        seen.add(name)
         num = 1
-        if shape and partitioner is not None:
-            parts = list(partitioner(shape, dtype))
+        if shape and self._partitioner is not None:
+            parts = list(self._partitioner(shape, dtype))
             if not parts or parts[0] == 0 or any(p != 1 for p in parts[1:]):
                 raise ValueError("variable_partitioner must return a list/tuple whose elements "
                                  f"are 1 besides the first element (non-zero), got: {parts!r}")
             num = min(parts[0], shape[0])
         if num <= 1:
-            shards.append(ShardPlacement(name, name, 0, 1, count % num_ps, 0, shape))
-            count += 1
-            continue
-        offset = 0
-        for i, rows in enumerate(shard_sizes(shape[0], num)):
-            shards.append(ShardPlacement(name, f"{name}/part_{i}", i, num, count % num_ps,
-                                         offset, (rows, *shape[1:])))
-            offset += rows
-            count += 1
+            shards = (Shard(name, self._next(), 0, shape, name),)
+        else:
+            sizes = shard_sizes(shape[0], num)
+            offsets = itertools.accumulate(sizes, initial=0)
+            shards = tuple(
+                Shard(f"{name}/part_{i}", self._next(), offset, (rows, *shape[1:]), name, i, num)
+                for i, (offset, rows) in enumerate(zip(offsets, sizes, strict=False)))
+        return shards
+
+    def _next(self) -> int:
+        ps, self._count = self._count % self.num_ps, self._count + 1
+        return ps
+
+
+def place(variables: Iterable[tuple], num_ps: int,
+          partitioner: Partitioner | None = None) -> Placement:
+    """Plan where variables go, as ``ParameterServerStrategy`` does (one :class:`Placer`).
+
+    ``variables``: ``(name, shape)`` or ``(name, shape, dtype)`` in creation order (dtype
+    defaults to float32; it only matters to size-based partitioners). Raises ``ValueError``
+    when ``num_ps < 1``, names repeat, or the partitioner's answer is malformed
+    (:meth:`Placer.place`).
+    """
+    if num_ps < 1:
+        raise ValueError(f"place: need at least one ps task, got num_ps={num_ps}")
+    placer = Placer(num_ps, partitioner)
+    shards: list[Shard] = []
+    seen: set[str] = set()
+    for entry in variables:
+        name, shape, dtype = (*entry, np.float32) if len(entry) == 2 else entry
+        if name in seen:
+            raise ValueError(f"place: variable {name!r} appears twice")
+        seen.add(name)
+        shards.extend(placer.place(name, shape, dtype))
     return Placement(tuple(shards), num_ps)

@@ -1,6 +1,7 @@
 """The variable store of one parameter-server task: a pure, thread-safe state machine.
 
-No sockets, no gRPC: ``ps/servicer.py`` wraps it for the wire, tests drive it directly.
+No sockets, no gRPC: ``ps/servicer.py`` wraps it for the wire, tests drive it directly. The
+synchronous accumulator lives in :mod:`cluster.ps._sync_accumulator`.
 
 - :meth:`VariableStore.create` a variable (a whole one, or one shard ``"name/part_1"``) with an
   optional :class:`OptimizerSpec`; its slots (momentum, Adam's ``m``/``v``) live next to it. A
@@ -30,7 +31,6 @@ parameter-server training). Lock order: the store lock, then a variable's lock, 
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,12 +42,11 @@ import numpy as np
 from cluster._update_rules import adam_update, check_rate, sgd_update
 from cluster.deadline import Deadline
 from cluster.errors import (
-    StaleStepError,
-    SyncTimeoutError,
     VariableExistsError,
     VariableMismatchError,
     VariableNotFoundError,
 )
+from cluster.ps._sync_accumulator import Pending, SyncAccumulator
 
 __all__ = ["SYNC_WAIT_SECONDS", "AssignMode", "OptimizerSpec", "Pulled", "VariableStore"]
 
@@ -131,20 +130,6 @@ class Pulled(NamedTuple):
 
 
 @dataclass(eq=False)
-class _Pending:
-    """The contributions to one synchronous step of one variable; guarded by the store lock."""
-
-    indexed: bool  # keyed by contributor index (else by contribution id, in arrival order)
-    # contributor index or contribution id -> (contribution id, private copy of the gradient)
-    grads: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
-
-    def in_order(self) -> list[np.ndarray]:
-        """The gradients in combination order: contributor order, or arrival order."""
-        keys = sorted(self.grads) if self.indexed else list(self.grads)
-        return [self.grads[k][1] for k in keys]
-
-
-@dataclass(eq=False)
 class _Variable:
     name: str
     value: np.ndarray
@@ -157,7 +142,7 @@ class _Variable:
     # The contributor indices of step sync_step - 1 (empty when it was pushed unindexed).
     applied_by: frozenset[int] = frozenset()
     # step -> its contributions; guarded by the store lock.
-    pending: dict[int, _Pending] = field(default_factory=dict)
+    pending: dict[int, Pending] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def meta(self) -> tuple:
@@ -183,11 +168,8 @@ class VariableStore:
     def __init__(self, task: str = "") -> None:
         self.task = task
         self._lock = threading.Lock()
-        self._synced = threading.Condition(self._lock)  # a synchronous step was applied
         self._vars: dict[str, _Variable] = {}
-        self._contributions = itertools.count(1)
-        self._waiting: set[int] = set()  # contribution ids whose pusher waits
-        self._dropped: dict[int, StaleStepError] = {}  # waiting contribution -> why dropped
+        self._sync = SyncAccumulator(self._lock, self._where, self._apply)
 
     def _where(self) -> str:
         return f" on {self.task}" if self.task else ""
@@ -461,120 +443,9 @@ class VariableStore:
                 or step < 0:
             raise ValueError(f"synchronous push (num_contributors={num_contributors}, "
                              f"contributor={contributor}) needs a step >= 0, got {step!r}")
-        return self._push_sync(
-            checked, int(step), num_contributors,
-            None if contributor is None else int(contributor), optimizer, wait,
-            deadline or Deadline.after(SYNC_WAIT_SECONDS))
-
-    def _stale(self, var: _Variable, step: int) -> StaleStepError:
-        return StaleStepError(
-            f"gradient for step {step} of variable {var.name}{self._where()} is stale: the "
-            f"variable accepts step {var.sync_step} and later", variable=var.name, step=step,
-            current_step=var.sync_step)
-
-    def _push_sync(self, checked: list[tuple[_Variable, np.ndarray]], step: int, n: int,
-                   contributor: int | None, optimizer: OptimizerSpec | None, wait: bool,
-                   deadline: Deadline) -> list[int]:
         with self._lock:
-            for var, _ in checked:
-                if step < var.sync_step:
-                    if not (contributor is not None and step == var.sync_step - 1
-                            and contributor in var.applied_by):
-                        raise self._stale(var, step)
-                    continue
-                pending = var.pending.get(step)
-                if pending is not None and pending.indexed != (contributor is not None):
-                    have, push = (("indexed", "without") if pending.indexed
-                                  else ("unindexed", "with"))
-                    raise ValueError(
-                        f"push {push} a contributor index for step {step} of variable "
-                        f"{var.name}{self._where()}, which has {have} contributions pending: "
-                        "pushes of one step must all give a contributor, or none")
+            index = None if contributor is None else int(contributor)
+            self._sync.check(checked, int(step), index)
             self._adopt(checked, optimizer)
-            cid = next(self._contributions)
-            if wait:
-                self._waiting.add(cid)
-            try:
-                return self._contribute_and_wait(cid, checked, step, n, contributor, wait,
-                                                 deadline)
-            finally:
-                self._waiting.discard(cid)
-                self._dropped.pop(cid, None)
-
-    def _contribute_and_wait(self, cid: int, checked: list[tuple[_Variable, np.ndarray]],
-                             step: int, n: int, contributor: int | None, wait: bool,
-                             deadline: Deadline) -> list[int]:
-        """The body of a synchronous push; the caller holds the store lock and has checked
-        that every variable either accepts ``step`` or already applied this contributor's."""
-        for var, grad in checked:
-            if var.sync_step > step:
-                log.debug("variable %s%s: contributor %s re-pushed step %d, which was applied "
-                          "with its contribution: nothing changed", var.name, self._where(),
-                          contributor, step)
-                continue
-            pending = var.pending.setdefault(step, _Pending(indexed=contributor is not None))
-            key = cid if contributor is None else contributor
-            replaced = pending.grads.get(key)
-            if replaced is not None:
-                log.debug("variable %s%s: contributor %d pushed step %d again: its earlier "
-                          "contribution is replaced", var.name, self._where(), key, step)
-                if replaced[0] in self._waiting:
-                    self._dropped[replaced[0]] = StaleStepError(
-                        f"gradient of contributor {key} for step {step} of variable {var.name}"
-                        f"{self._where()} was superseded by a later push of the same "
-                        "contributor", variable=var.name, step=step, current_step=var.sync_step)
-                    self._synced.notify_all()
-            # Keep a private copy: the caller's buffer (a received message) may be reused.
-            pending.grads[key] = (cid, np.array(grad, copy=True))
-            if len(pending.grads) >= n:
-                self._apply_step(var, step)
-        if not wait:
-            return [v.version for v, _ in checked]
-        while True:
-            dropped = self._dropped.pop(cid, None)
-            if dropped is not None:
-                raise dropped
-            if all(var.sync_step > step for var, _ in checked):
-                return [v.version for v, _ in checked]
-            if deadline.expired or not self._synced.wait(deadline.timeout()):
-                if all(var.sync_step > step for var, _ in checked):
-                    continue
-                self._withdraw(cid, checked, step)
-                missing = [v.name for v, _ in checked if v.sync_step <= step]
-                raise SyncTimeoutError(
-                    f"synchronous step {step}{self._where()}: fewer than {n} contributions "
-                    f"arrived for {', '.join(missing)} before the deadline; this "
-                    "contribution was withdrawn", variable=missing[0])
-
-    def _apply_step(self, var: _Variable, step: int) -> None:
-        """Apply the mean of the contributions to ``step``; the caller holds the store lock."""
-        pending = var.pending.pop(step)
-        grads = pending.in_order()
-        total = grads[0]  # the private copy made on arrival: summed into in place
-        for grad in grads[1:]:
-            total += grad
-        total /= total.dtype.type(len(grads))  # once, after the sum: one rounding
-        with var.lock:
-            self._apply(var, total)
-            var.sync_step = step + 1
-            var.applied_by = frozenset(pending.grads) if pending.indexed else frozenset()
-        for old in sorted(s for s in var.pending if s < var.sync_step):
-            dropped = var.pending.pop(old)
-            # Pushers that did not wait (a coordinator's) would otherwise never learn of it.
-            log.warning("variable %s%s: dropped %d pending contribution(s) to step %d, because "
-                        "step %d completed first", var.name, self._where(), len(dropped.grads),
-                        old, step)
-            for cid, _ in dropped.grads.values():
-                if cid in self._waiting:
-                    self._dropped[cid] = self._stale(var, old)
-        self._synced.notify_all()
-
-    def _withdraw(self, cid: int, checked: list[tuple[_Variable, np.ndarray]],
-                  step: int) -> None:
-        for var, _ in checked:
-            pending = var.pending.get(step)
-            if pending is not None:
-                for key in [k for k, (c, _) in pending.grads.items() if c == cid]:
-                    del pending.grads[key]
-                if not pending.grads:
-                    del var.pending[step]
+            return self._sync.push(checked, int(step), num_contributors, index, wait,
+                deadline or Deadline.after(SYNC_WAIT_SECONDS))

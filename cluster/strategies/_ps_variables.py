@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster._family import xp_of
+from cluster.ps.partitioners import Shard
 from cluster.ps.store import AssignMode
 from cluster.variables import Variable, VariableAggregation, VariableSynchronization, convert_for
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FunctionScope",
     "PsVariable",
-    "Shard",
     "ShardedVariable",
     "SyncSlot",
     "VariableSpec",
@@ -44,17 +44,6 @@ __all__ = [
     "function_scope",
     "refresh",
 ]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One stored piece of a variable: ``name`` on task ``ps:<ps>``, rows
-    ``offset .. offset + shape[0]`` of the whole (the whole variable when unpartitioned)."""
-
-    name: str
-    ps: int
-    offset: int
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -243,8 +232,7 @@ class ShardedVariable(PsVariable):
         for i, shard in enumerate(self._spec.shards):
             spec = VariableSpec(f"{base}/part_{i}:0", shard.shape, self._spec.dtype,
                                 self._spec.trainable, self._spec.synchronization,
-                                self._spec.aggregation, (Shard(shard.name, shard.ps, 0,
-                                                               shard.shape),))
+                                self._spec.aggregation, (shard.alone(),))
             out.append(self._strategy.extended._handle(spec))
         return out
 

@@ -29,12 +29,11 @@ from cluster import _context
 from cluster.cross_device_ops import ReductionToOneDevice
 from cluster.errors import TaskConfigError
 from cluster.ps.connections import PsConnections, connections_for
-from cluster.ps.partitioners import Partitioner, place
+from cluster.ps.partitioners import Partitioner, Placer
 from cluster.ps.store import OptimizerSpec
 from cluster.strategies._devices import parse_devices
 from cluster.strategies._ps_variables import (
     PsVariable,
-    Shard,
     ShardedVariable,
     VariableSpec,
     _Pending,
@@ -68,12 +67,11 @@ class ParameterServerExtended(StrategyExtended):
                          ReductionToOneDevice())
         self._config = config
         self._connections = connections
-        self._partitioner = partitioner
+        self._placer = Placer(len(config.ps_tasks), partitioner)  # guarded by self._lock
         self._is_coordinator = coordinator
         self._lock = threading.Lock()
         self._handles: dict[tuple[str, ...], PsVariable] = {}  # stored names -> handle
         self._names: set[str] = set()
-        self._count = 0  # variables and shards placed so far (TF's round-robin counter)
 
     @property
     def parameter_devices(self) -> tuple[str, ...]:
@@ -125,11 +123,7 @@ class ParameterServerExtended(StrategyExtended):
         full = _full_name(name)
         with self._lock:
             stored = self._stored_name(full)
-            plan = place([(stored, value.shape, value.dtype)], len(self._config.ps_tasks),
-                         self._partitioner)
-            start, self._count = self._count, self._count + len(plan.shards)
-        shards = tuple(Shard(s.name, (start + i) % len(self._config.ps_tasks), s.offset,
-                             s.shape) for i, s in enumerate(plan.shards))
+            shards = self._placer.place(stored, value.shape, value.dtype)
         parts = []
         for shard in shards:
             part = value[shard.offset:shard.offset + shard.shape[0]] if shard.shape else value

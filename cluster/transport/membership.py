@@ -10,8 +10,9 @@ Rules:
   (a new incarnation replaces an old one: the task restarted, and is alive again).
 - Every heartbeat refreshes the task; :meth:`Membership.expire` declares a registered task
   ``LOST`` once it has been silent for ``timeout`` seconds, unless it reported ``LEFT`` (a clean
-  shutdown, which is never logged: peers learn of it from their own connections). A task is declared lost at most once
-  per incarnation, and a report of its loss by a peer (a broken connection) counts the same.
+  shutdown, which is never logged: peers learn of it from their own connections). A task is
+  declared lost at most once per incarnation, and a report of its loss by a peer (a broken
+  connection) counts the same.
 - Events (``LOST``, ``FAILED``) go to one append-only log; a heartbeat returns the events the
   caller has not seen, at most ``max_events`` at a time, so a reply's size is bounded whatever
   happened.

@@ -4,53 +4,33 @@ Every call has a deadline (``timeout`` per call, else the client's default) and 
 typed errors: the store's own (``VariableNotFoundError``, ``VariableExistsError``,
 ``VariableMismatchError``, ``StaleStepError``, ``SyncTimeoutError``) as the server raised them,
 ``UnauthenticatedError`` for a wrong token, and ``PeerUnavailableError`` naming the task and its
-address when the task is dead, unreachable or too slow. The gRPC edge of the ``ps`` package:
-the store and partitioners never import gRPC.
+address when the task is dead, unreachable or too slow (translated by
+``cluster.transport._grpc_errors``). The gRPC edge of the ``ps`` package: the store and
+partitioners never import gRPC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
-from cluster.errors import ClusterError, PeerUnavailableError, UnauthenticatedError
+from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
+from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_wire import (
-    ERROR_KEY,
-    STORE_ERRORS,
-    fill_chunk,
-    from_chunk,
-)
+from cluster.transport._ps_wire import fill_chunk, from_chunk
+from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
+from cluster.transport.health import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
 
-__all__ = ["SERVICE", "PsClient", "optimizer_from_proto", "optimizer_to_proto", "status_of"]
+__all__ = ["SERVICE", "PsClient", "PsWatch", "optimizer_from_proto", "optimizer_to_proto"]
 
 SERVICE = "cluster_runtime.v1.ParameterServer"
 DEFAULT_TIMEOUT = 30.0
-
-# One mapping, both directions: the servicer answers a store error with its code (and its type
-# name in trailing metadata); the client rebuilds the same type.
-_STATUS = {
-    "VariableNotFoundError": grpc.StatusCode.NOT_FOUND,
-    "VariableExistsError": grpc.StatusCode.ALREADY_EXISTS,
-    "VariableMismatchError": grpc.StatusCode.INVALID_ARGUMENT,
-    "StaleStepError": grpc.StatusCode.FAILED_PRECONDITION,
-    "SyncTimeoutError": grpc.StatusCode.ABORTED,
-}
-_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN,
-                grpc.StatusCode.INTERNAL}
-
-
-def status_of(error: Exception) -> grpc.StatusCode:
-    """The status code a servicer answers ``error`` with (INVALID_ARGUMENT for bad requests)."""
-    return _STATUS.get(type(error).__name__, grpc.StatusCode.INVALID_ARGUMENT)
-
 
 def optimizer_to_proto(spec: OptimizerSpec | None) -> ps_pb2.OptimizerConfig:
     if spec is None:
@@ -86,6 +66,7 @@ class PsClient:
         self.address = address
         self.task = task
         self.timeout = timeout
+        self._peer = PeerInfo(-1, task, address)
         self._token = token if isinstance(token, Token) else Token(token)
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._calls = {
@@ -117,22 +98,7 @@ class PsClient:
         try:
             return self._calls[method](request, timeout=seconds, metadata=self._token.metadata)
         except grpc.RpcError as e:
-            raise self._translate(e, activity, seconds) from e
-
-    def _translate(self, error: grpc.RpcError, activity: str, seconds: float) -> ClusterError:
-        code, details = error.code(), error.details()
-        who = f"{self.task} ({self.address})"
-        names = [v for k, v in (error.trailing_metadata() or ()) if k == ERROR_KEY]
-        if names and names[0] in STORE_ERRORS:
-            return STORE_ERRORS[names[0]](f"{who}: {details}")
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            return UnauthenticatedError(f"{who} refused {activity}: missing or wrong cluster "
-                                        "token (CLUSTER_TOKEN must be the same on every task)")
-        if code in _UNREACHABLE:
-            return PeerUnavailableError(
-                f"{who} unreachable during {activity} after {seconds:.1f} s: {code.name}: "
-                f"{details}", task=self.task, address=self.address)
-        return ClusterError(f"{who} failed {activity}: {code.name}: {details}")
+            raise translate(e, self._peer, activity, seconds=seconds) from e
 
     def create(self, name: str, initial_value: Any, *, trainable: bool = True,
                optimizer: OptimizerSpec | None = None, exist_ok: bool = False,
@@ -188,3 +154,26 @@ class PsClient:
         request.value.name = name
         fill_chunk(request.value.value, np.asarray(value), f"value of {name}")
         return self._call("Assign", request, timeout, f"assign to {name}").version
+
+
+class PsWatch:
+    """Watches the heartbeats of parameter-server tasks ``peers`` on behalf of task ``me``:
+    ``on_gone(peer, error)`` once per peer when it is lost (``error``) or shuts down
+    (``None``). Starts at construction; :meth:`close` stops watching and releases the channels.
+    """
+
+    def __init__(self, peers: Sequence[PeerInfo], token: Token, *, me: str,
+                 on_gone: Callable[[PeerInfo, PeerUnavailableError | None], None],
+                 interval: float, timeout: float) -> None:
+        self._channels = {p.rank: grpc.insecure_channel(p.address, options=CHANNEL_OPTIONS)
+                          for p in peers}
+        self._monitor = HeartbeatMonitor(
+            PeerInfo(-1, me, ""), list(peers), self._channels, token,
+            on_lost=on_gone, on_departed=lambda peer: on_gone(peer, None),
+            interval=interval, timeout=timeout)
+        self._monitor.start()
+
+    def close(self) -> None:
+        self._monitor.close()
+        for channel in self._channels.values():
+            channel.close()

@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from cluster.coordinator._calls import Call
-from cluster.coordinator._wire import SERVICE, verify_reply
+from cluster.coordinator._reply_mac import verify_reply
 from cluster.transport._pb import coordinator_pb2
 from cluster.transport.auth import Token
+from cluster.transport.worker_client import SERVICE
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 

@@ -1,4 +1,5 @@
-"""The coordinator's parts without a cluster: reply MACs, the worker's runner, the queue."""
+"""The coordinator's parts without a cluster: reply MACs and the worker's runner (the queue:
+test_queue.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ import cloudpickle
 import pytest
 
 from cluster.coordinator._calls import Call, ResourceRef, ResourceSpec, WorkerState
-from cluster.coordinator._wire import reply_mac, verify_reply
-from cluster.coordinator.coordinator import _Closure, _Queue
-from cluster.coordinator.values import RemoteValue
-from cluster.errors import FunctionCancelledError, OutOfRangeError
-from cluster.strategies._ps_variables import SyncSlot
+from cluster.coordinator._reply_mac import reply_mac, verify_reply
+from cluster.errors import OutOfRangeError
 from cluster.transport.auth import Token
 
 pytestmark = pytest.mark.timeout(30)
@@ -89,83 +87,3 @@ def test_resources_are_made_once_per_worker_and_substituted_for_refs():
 def test_an_unpicklable_result_is_a_failure_not_a_crash():
     outcome = WorkerState().run(_payload(lambda: threading.Lock()))
     assert not outcome.ok and "pickle" in outcome.error_message.lower()
-
-
-# -- the queue -----------------------------------------------------------------------------------
-
-def _closure(seq: int, workers: int | None = None) -> _Closure:
-    sync = None if workers is None else SyncSlot(seq // workers, seq % workers, workers)
-    return _Closure(seq, lambda: None, (), {}, RemoteValue(), sync, body=b"x")
-
-
-def test_a_requeued_closure_runs_next():
-    queue = _Queue(synchronous=False)
-    for i in range(3):
-        queue.put(_closure(i))
-    first = queue.get()
-    queue.requeue(first)
-    assert queue.get() is first
-    assert queue.get().seq == 1
-
-
-def test_synchronous_rounds_wait_for_the_previous_round():
-    queue = _Queue(synchronous=True)
-    closures = [_closure(i, workers=2) for i in range(4)]
-    for c in closures:
-        queue.put(c)
-    a, b = queue.get(0), queue.get(1)
-    assert (a.sync, b.sync) == (SyncSlot(0, 0, 2), SyncSlot(0, 1, 2))
-    got = []
-    taker = threading.Thread(target=lambda: got.append(queue.get(0)), daemon=True)
-    taker.start()
-    taker.join(0.3)
-    assert not got  # round 1 may not start while round 0 runs
-    queue.finished(a)
-    taker.join(0.3)
-    assert not got
-    queue.requeue(b)  # b's worker died: b runs again, still in round 0
-    assert queue.get(1) is b
-    queue.finished(b)
-    taker.join(2)
-    assert got and got[0].sync == SyncSlot(1, 0, 2)
-
-
-def test_synchronous_contributors_stay_on_their_worker_unless_it_is_down():
-    queue = _Queue(synchronous=True)
-    for i in range(2):
-        queue.put(_closure(i, workers=2))
-    up = {0: True, 1: True}
-    got = []
-    assert queue.get(0, up.get).sync.contributor == 0
-    taker = threading.Thread(target=lambda: got.append(queue.get(0, up.get)), daemon=True)
-    taker.start()
-    taker.join(0.5)
-    assert not got  # contributor 1 waits for worker 1 while it is up
-    up[1] = False
-    taker.join(2)
-    assert got and got[0].sync.contributor == 1  # worker 1 down: worker 0 runs it
-
-
-def test_an_error_cancels_the_queue_and_is_raised_once():
-    queue = _Queue(synchronous=False)
-    closures = [_closure(i) for i in range(3)]
-    for c in closures:
-        queue.put(c)
-    running = queue.get()
-    queue.finished(running, ValueError("boom"))
-    with pytest.raises(FunctionCancelledError):
-        closures[1].value.fetch()
-    with pytest.raises(ValueError, match="boom"):
-        queue.join()
-    queue.join()  # raised once: the queue is usable again
-    queue.put(_closure(5))
-    assert queue.get().seq == 5
-
-
-def test_a_fatal_error_is_raised_by_every_call():
-    queue = _Queue(synchronous=False)
-    queue.put(_closure(0))
-    queue.fail(RuntimeError("ps gone"), fatal=True)
-    for call in (queue.join, queue.raise_error, lambda: queue.put(_closure(1))):
-        with pytest.raises(RuntimeError, match="ps gone"):
-            call()

@@ -1,4 +1,4 @@
-"""The ``Worker`` service's wire (``proto/coordinator.proto``): names, reply MACs, payloads.
+"""The MAC on a worker's reply to ``Worker.Run``: what lets the coordinator unpickle it.
 
 Trust model. A function travels as cloudpickle bytes, and unpickling runs code, so both ends
 authenticate before they unpickle: the worker's token interceptor refuses a call without the
@@ -17,9 +17,7 @@ import struct
 
 from cluster.transport.auth import Token
 
-__all__ = ["SERVICE", "reply_mac", "verify_reply"]
-
-SERVICE = "cluster_runtime.v1.Worker"
+__all__ = ["reply_mac", "verify_reply"]
 
 
 def reply_mac(token: Token, nonce: bytes, run_id: int, outcome: int, payload: bytes) -> bytes:
@@ -34,4 +32,5 @@ def reply_mac(token: Token, nonce: bytes, run_id: int, outcome: int, payload: by
 
 def verify_reply(token: Token, nonce: bytes, run_id: int, outcome: int, payload: bytes,
                  mac: bytes) -> bool:
+    """True when ``mac`` is :func:`reply_mac` of these fields (compared in constant time)."""
     return hmac.compare_digest(reply_mac(token, nonce, run_id, outcome, payload), mac)

@@ -27,7 +27,8 @@ class RemoteValue:
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        self._wait: Callable[[threading.Event], None] | None = None
+        # The coordinator's wait: until the predicate holds, raising a fatal error meanwhile.
+        self._wait: Callable[[Callable[[], bool]], None] | None = None
 
     def _set(self, value: Any) -> None:
         if not self._done.is_set():
@@ -45,7 +46,7 @@ class RemoteValue:
     def fetch(self) -> Any:
         """The function's return value (NumPy arrays stay NumPy); blocks until it ran."""
         if self._wait is not None:
-            self._wait(self._done)
+            self._wait(self._done.is_set)
         self._done.wait()
         if self._error is not None:
             raise self._error

@@ -1,0 +1,177 @@
+"""The synchronous accumulator of a parameter-server store (TF1's ``ConditionalAccumulator``).
+
+Each variable keeps its pending steps (:class:`Pending`); a step is applied, as the **mean** of
+its ``N`` contributions summed in contributor order (arrival order for unindexed pushes) and
+divided once, when the last contribution arrives. :class:`SyncAccumulator` keeps the waiting
+pushers and wakes them when their step is applied, superseded or dropped. It works under the
+store's lock (the lock order of ``cluster.ps.store``: the store lock, then a variable's lock).
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cluster.deadline import Deadline
+from cluster.errors import StaleStepError, SyncTimeoutError
+
+__all__ = ["Pending", "SyncAccumulator"]
+
+log = logging.getLogger("cluster.ps.store")
+
+
+@dataclass(eq=False)
+class Pending:
+    """The contributions to one synchronous step of one variable; guarded by the store lock."""
+
+    indexed: bool  # keyed by contributor index (else by contribution id, in arrival order)
+    # contributor index or contribution id -> (contribution id, private copy of the gradient)
+    grads: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
+
+    def in_order(self) -> list[np.ndarray]:
+        """The gradients in combination order: contributor order, or arrival order."""
+        keys = sorted(self.grads) if self.indexed else list(self.grads)
+        return [self.grads[k][1] for k in keys]
+
+
+class SyncAccumulator:
+    """Synchronous steps of the variables of one store.
+
+    ``lock``: the store's lock, held by every caller. ``where()``: `` on ps:0``, the store's
+    name in messages.
+    ``update(var, grad)``: one optimizer update of a variable (the caller holds its lock).
+    Variables are the store's: ``name``, ``lock``, ``sync_step``, ``applied_by``, ``pending``.
+    """
+
+    def __init__(self, lock: threading.Lock, where: Callable[[], str],
+                 update: Callable[[Any, np.ndarray], int]) -> None:
+        self._synced = threading.Condition(lock)  # a synchronous step was applied
+        self._where = where
+        self._update = update
+        self._contributions = itertools.count(1)
+        self._waiting: set[int] = set()  # contribution ids whose pusher waits
+        self._dropped: dict[int, StaleStepError] = {}  # waiting contribution -> why dropped
+
+    def _stale(self, var: Any, step: int) -> StaleStepError:
+        return StaleStepError(
+            f"gradient for step {step} of variable {var.name}{self._where()} is stale: the "
+            f"variable accepts step {var.sync_step} and later", variable=var.name, step=step,
+            current_step=var.sync_step)
+
+    def check(self, checked: list[tuple[Any, np.ndarray]], step: int,
+              contributor: int | None) -> None:
+        """Raise unless every variable accepts ``step`` from ``contributor``, or already applied
+        this contributor's push of it; the caller holds the store lock."""
+        for var, _ in checked:
+            if step < var.sync_step:
+                if not (contributor is not None and step == var.sync_step - 1
+                        and contributor in var.applied_by):
+                    raise self._stale(var, step)
+                continue
+            pending = var.pending.get(step)
+            if pending is not None and pending.indexed != (contributor is not None):
+                have, push = (("indexed", "without") if pending.indexed
+                              else ("unindexed", "with"))
+                raise ValueError(
+                    f"push {push} a contributor index for step {step} of variable "
+                    f"{var.name}{self._where()}, which has {have} contributions pending: "
+                    "pushes of one step must all give a contributor, or none")
+
+    def push(self, checked: list[tuple[Any, np.ndarray]], step: int, n: int,
+             contributor: int | None, wait: bool, deadline: Deadline) -> list[int]:
+        """Contribute to ``step`` (after :meth:`check`), and with ``wait`` block until it is
+        applied; the caller holds the store lock (the wait releases it)."""
+        cid = next(self._contributions)
+        if wait:
+            self._waiting.add(cid)
+        try:
+            return self._contribute_and_wait(cid, checked, step, n, contributor, wait,
+                                             deadline)
+        finally:
+            self._waiting.discard(cid)
+            self._dropped.pop(cid, None)
+
+    def _contribute_and_wait(self, cid: int, checked: list[tuple[Any, np.ndarray]],
+                             step: int, n: int, contributor: int | None, wait: bool,
+                             deadline: Deadline) -> list[int]:
+        """The body of a synchronous push; the caller holds the store lock and has checked
+        that every variable either accepts ``step`` or already applied this contributor's."""
+        for var, grad in checked:
+            if var.sync_step > step:
+                log.debug("variable %s%s: contributor %s re-pushed step %d, which was applied "
+                          "with its contribution: nothing changed", var.name, self._where(),
+                          contributor, step)
+                continue
+            pending = var.pending.setdefault(step, Pending(indexed=contributor is not None))
+            key = cid if contributor is None else contributor
+            replaced = pending.grads.get(key)
+            if replaced is not None:
+                log.debug("variable %s%s: contributor %d pushed step %d again: its earlier "
+                          "contribution is replaced", var.name, self._where(), key, step)
+                if replaced[0] in self._waiting:
+                    self._dropped[replaced[0]] = StaleStepError(
+                        f"gradient of contributor {key} for step {step} of variable {var.name}"
+                        f"{self._where()} was superseded by a later push of the same "
+                        "contributor", variable=var.name, step=step, current_step=var.sync_step)
+                    self._synced.notify_all()
+            # Keep a private copy: the caller's buffer (a received message) may be reused.
+            pending.grads[key] = (cid, np.array(grad, copy=True))
+            if len(pending.grads) >= n:
+                self._apply_step(var, step)
+        if not wait:
+            return [v.version for v, _ in checked]
+        while True:
+            dropped = self._dropped.pop(cid, None)
+            if dropped is not None:
+                raise dropped
+            if all(var.sync_step > step for var, _ in checked):
+                return [v.version for v, _ in checked]
+            if deadline.expired or not self._synced.wait(deadline.timeout()):
+                if all(var.sync_step > step for var, _ in checked):
+                    continue
+                self._withdraw(cid, checked, step)
+                missing = [v.name for v, _ in checked if v.sync_step <= step]
+                raise SyncTimeoutError(
+                    f"synchronous step {step}{self._where()}: fewer than {n} contributions "
+                    f"arrived for {', '.join(missing)} before the deadline; this "
+                    "contribution was withdrawn", variable=missing[0])
+
+    def _apply_step(self, var: Any, step: int) -> None:
+        """Apply the mean of the contributions to ``step``; the caller holds the store lock."""
+        pending = var.pending.pop(step)
+        grads = pending.in_order()
+        total = grads[0]  # the private copy made on arrival: summed into in place
+        for grad in grads[1:]:
+            total += grad
+        total /= total.dtype.type(len(grads))  # once, after the sum: one rounding
+        with var.lock:
+            self._update(var, total)
+            var.sync_step = step + 1
+            var.applied_by = frozenset(pending.grads) if pending.indexed else frozenset()
+        for old in sorted(s for s in var.pending if s < var.sync_step):
+            dropped = var.pending.pop(old)
+            # Pushers that did not wait (a coordinator's) would otherwise never learn of it.
+            log.warning("variable %s%s: dropped %d pending contribution(s) to step %d, because "
+                        "step %d completed first", var.name, self._where(), len(dropped.grads),
+                        old, step)
+            for cid, _ in dropped.grads.values():
+                if cid in self._waiting:
+                    self._dropped[cid] = self._stale(var, old)
+        self._synced.notify_all()
+
+    def _withdraw(self, cid: int, checked: list[tuple[Any, np.ndarray]],
+                  step: int) -> None:
+        for var, _ in checked:
+            pending = var.pending.get(step)
+            if pending is not None:
+                for key in [k for k, (c, _) in pending.grads.items() if c == cid]:
+                    del pending.grads[key]
+                if not pending.grads:
+                    del var.pending[step]
