@@ -102,7 +102,7 @@ class StrategyExtended:
     def _device_scope(self, index: int) -> contextlib.AbstractContextManager:
         device = self._devices[index]
         if device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only GPU replicas need it
 
             return cupy.cuda.Device(device.index)
         return contextlib.nullcontext()
@@ -111,7 +111,7 @@ class StrategyExtended:
         """A copy of ``array`` on local replica ``index``'s device."""
         device = self._devices[index]
         if device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only GPU replicas need it
 
             with cupy.cuda.Device(device.index):
                 return cupy.array(array, copy=True)

@@ -63,7 +63,7 @@ class _CentralExtended(StrategyExtended):
             return super()._make_variable(value, **options)
         placed = value
         if self._parameter_device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only a GPU parameter device needs it
 
             with cupy.cuda.Device(self._parameter_device.index):
                 placed = cupy.array(value, copy=True)
