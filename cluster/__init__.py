@@ -10,7 +10,7 @@ np.float32(4.0)
 
 from __future__ import annotations
 
-from cluster import metrics, optimizers
+from cluster import coordinator, metrics, optimizers, runtime
 from cluster._context import (
     get_replica_context,
     get_strategy,
@@ -32,10 +32,6 @@ from cluster.strategies import (
 )
 from cluster.values import Mirrored, PerReplica
 from cluster.variables import Variable, VariableAggregation, VariableSynchronization
-
-# isort: off
-from cluster import coordinator, runtime  # after the strategies: they build on them
-# isort: on
 
 __all__ = [
     "CentralStorageStrategy",

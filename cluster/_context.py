@@ -1,14 +1,19 @@
 """Which strategy and which replica the current thread is in (``tf.distribute``'s context stack).
 
-Each thread has a stack of :class:`_Frame` entries. Entering ``strategy.scope()`` pushes a
+Each thread has a stack of :class:`Frame` entries. Entering ``strategy.scope()`` pushes a
 cross-replica frame (``replica_context is None``); a replica thread started by ``strategy.run``
 pushes a frame holding its :class:`~cluster.strategies.replica.ReplicaContext`. With an empty
 stack the thread is in the default strategy's default replica context, as in TensorFlow.
+
+This module sits below the strategies: it never imports them. The default strategy's frame is
+handed to it by :mod:`cluster.strategies.default` (:func:`set_default_frame`), and "is this the
+default strategy" is the strategy's own ``_is_default`` class attribute.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,46 +23,64 @@ if TYPE_CHECKING:
     from cluster.strategies.replica import ReplicaContext
 
 __all__ = [
+    "Frame",
     "current_frame",
+    "describe",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
     "push",
+    "set_default_frame",
 ]
 
 
 @dataclass(frozen=True)
-class _Frame:
+class Frame:
+    """One entry of a thread's context stack: a strategy, and the replica context the thread is
+    in (``None``: cross-replica context of ``strategy``)."""
+
     strategy: Strategy
     replica_context: ReplicaContext | None
 
 
 _local = threading.local()
+_default_frame: Callable[[], Frame] | None = None
 
 
-def _stack() -> list[_Frame]:
+def set_default_frame(factory: Callable[[], Frame]) -> None:
+    """Install ``factory``, which returns the frame of a thread outside every strategy.
+
+    Called once, by :mod:`cluster.strategies.default` when it is imported (``import cluster``
+    imports it); ``factory`` is called on each lookup, so it should cache its frame.
+    """
+    global _default_frame
+    _default_frame = factory
+
+
+def _stack() -> list[Frame]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     return stack
 
 
-def current_frame() -> _Frame:
+def current_frame() -> Frame:
     """The innermost frame of this thread (the default strategy's when none was entered)."""
     stack = _stack()
     if stack:
         return stack[-1]
-    from cluster.strategies.default import default_frame
-
-    return default_frame()
+    if _default_frame is None:
+        raise RuntimeError("no default strategy is registered: import cluster (which imports "
+                           "cluster.strategies) before using the strategy context")
+    return _default_frame()
 
 
 @contextmanager
 def push(strategy: Strategy, replica_context: ReplicaContext | None):
     """Enter ``strategy`` in this thread: cross-replica when ``replica_context`` is None."""
     stack = _stack()
-    stack.append(_Frame(strategy, replica_context))
+    stack.append(Frame(strategy, replica_context))
     try:
         yield
     finally:
@@ -72,9 +95,7 @@ def get_strategy() -> Strategy:
 
 def has_strategy() -> bool:
     """True inside a non-default strategy's scope or replica context."""
-    from cluster.strategies.default import is_default
-
-    return not is_default(current_frame().strategy)
+    return not current_frame().strategy._is_default
 
 
 def get_replica_context() -> ReplicaContext | None:
@@ -89,4 +110,5 @@ def in_cross_replica_context() -> bool:
 
 
 def describe(strategy: Any) -> str:
+    """``strategy`` named for error messages: its type and identity."""
     return f"{type(strategy).__name__} at {id(strategy):#x}"

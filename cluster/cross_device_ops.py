@@ -150,7 +150,7 @@ class NcclAllReduce(CrossDeviceOps):
         if len(set(devices)) != len(devices):
             return None
         try:
-            from cupy.cuda import nccl  # noqa: F401
+            from cupy.cuda import nccl  # noqa: F401 - optional (extra 'gpu'): is NCCL here?
         except ImportError:
             return None
         return devices
@@ -168,7 +168,7 @@ class NcclAllReduce(CrossDeviceOps):
 
     def _nccl(self, op: ReduceOp, components: Components, devices: tuple[int, ...],
               count: int) -> list[Any]:
-        import cupy
+        import cupy  # optional (extra 'gpu'): reached only with GPU components
         from cupy.cuda import nccl
 
         comms = self._comms.get(devices)

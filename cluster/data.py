@@ -42,6 +42,9 @@ import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from cluster._batching import empty_like, replica_slices, split_batch, split_batch_at
+from cluster.errors import OutOfRangeError
+
 __all__ = [
     "DistributedDataset",
     "DistributedDatasetsFromFunction",
@@ -119,10 +122,6 @@ class InputContext:
     __repr__ = __str__
 
 
-class OutOfRangeError(LookupError):
-    """``get_next()`` was called on an exhausted iterator (TF: ``tf.errors.OutOfRangeError``)."""
-
-
 class Optional:
     """A value that may be absent: ``get_next_as_optional()`` (``tf.experimental.Optional``)."""
 
@@ -146,143 +145,6 @@ class Optional:
         return self._value
 
 
-# -- nests ----------------------------------------------------------------------------------------
-
-
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
-
-
-def _flatten(nest: Any, path: str, out: list[tuple[str, Any]]) -> None:
-    """Append ``(path, leaf)`` for every leaf of ``nest``, depth first, in structure order."""
-    if isinstance(nest, Mapping):
-        for key, value in nest.items():
-            _flatten(value, f"{path}[{key!r}]", out)
-    elif isinstance(nest, (tuple, list)):
-        for i, value in enumerate(nest):
-            _flatten(value, f"{path}[{i}]", out)
-    else:
-        out.append((path, nest))
-
-
-def _unflatten(template: Any, leaves: Iterator[Any]) -> Any:
-    """Rebuild ``template``'s structure (same container types) with leaves taken in order."""
-    if isinstance(template, Mapping):
-        items = [(key, _unflatten(value, leaves)) for key, value in template.items()]
-        try:
-            return type(template)(items)
-        except TypeError:  # a mapping type whose constructor takes other arguments
-            return dict(items)
-    if _is_namedtuple(template):
-        return type(template)(*(_unflatten(value, leaves) for value in template))
-    if isinstance(template, (tuple, list)):
-        return type(template)(_unflatten(value, leaves) for value in template)
-    return next(leaves)
-
-
-def _batch_dim(path: str, leaf: Any) -> int:
-    """The leading (batch) dimension of one leaf; ``TypeError`` when it has none."""
-    shape = getattr(leaf, "shape", None)
-    if shape is None or not hasattr(leaf, "__getitem__") or isinstance(leaf, (str, bytes)):
-        kind = "None" if leaf is None else f"type {type(leaf).__name__}"
-        raise TypeError(
-            f"{path} ({kind}) is not batchable: every leaf of a batch must be an array "
-            "with a leading batch axis (NumPy, CuPy, or anything with .shape and slicing). "
-            "Convert it with np.asarray(...) and give it a batch axis, or move it out of the "
-            "dataset."
-        )
-    if len(shape) == 0:
-        raise TypeError(
-            f"{path} is a 0-d array (shape ()), which has no batch axis to split: give every "
-            "array of a batch a leading batch axis (e.g. value[None] or batch several elements "
-            "with np.stack)."
-        )
-    return int(shape[0])
-
-
-def _leaves_and_batch_size(batch: Any, where: str) -> tuple[list[Any], int]:
-    """Flatten ``batch`` and check every leaf has the same leading dimension."""
-    flat: list[tuple[str, Any]] = []
-    _flatten(batch, where, flat)
-    if not flat:
-        raise ValueError(
-            f"{where} holds no arrays (an empty tuple, list or dict), so it has no batch size "
-            "to split; every batch needs at least one array with a leading batch axis."
-        )
-    first_path, first = flat[0]
-    size = _batch_dim(first_path, first)
-    for path, leaf in flat[1:]:
-        dim = _batch_dim(path, leaf)
-        if dim != size:
-            raise ValueError(
-                f"the arrays of one batch disagree on the batch size (axis 0): {first_path} has "
-                f"{size} rows but {path} has {dim}; every array of a batch must have the same "
-                "leading dimension."
-            )
-    return [leaf for _, leaf in flat], size
-
-
-# -- splitting ------------------------------------------------------------------------------------
-
-
-def replica_slices(batch_size: int, num_replicas: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` rows of each replica's piece of a batch of ``batch_size`` rows.
-
-    TF's rule (legacy rebatching, what ``experimental_distribute_dataset`` does for input that it
-    shards by data): every replica gets ``ceil(batch_size / num_replicas)`` rows, in replica
-    order, until the rows run out; the rest get what is left, then nothing. E.g. 5 rows over 4
-    replicas are ``2, 2, 1, 0``; 6 over 4 are ``2, 2, 2, 0``; 1 over 4 is ``1, 0, 0, 0``.
-    """
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    per = -(-batch_size // num_replicas)
-    return [
-        (min(i * per, batch_size), min((i + 1) * per, batch_size)) for i in range(num_replicas)
-    ]
-
-
-def _split(batch: Any, num_replicas: int, where: str) -> list[Any]:
-    leaves, size = _leaves_and_batch_size(batch, where)
-    return [
-        _unflatten(batch, iter([leaf[start:stop] for leaf in leaves]))
-        for start, stop in replica_slices(size, num_replicas)
-    ]
-
-
-def split_batch(batch: Any, num_replicas: int) -> list[Any]:
-    """Split one global batch into ``num_replicas`` per-replica batches of the same structure.
-
-    Rows are dealt by ``replica_slices`` (TF's rule, partial and tiny batches included: trailing
-    replicas may get empty pieces with batch axis 0). Pieces are basic slices of the leaves, so
-    NumPy and CuPy pieces are views, not copies. Raises ``TypeError`` for a leaf that is not
-    batchable (Python scalar, string, ``None``, 0-d array) and ``ValueError`` when the leaves
-    disagree on the batch size or the nest holds no arrays.
-
-    >>> [p.tolist() for p in split_batch(np.arange(5), 4)]
-    [[0, 1], [2, 3], [4], []]
-    """
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    return _split(batch, num_replicas, "batch")
-
-
-def _empty_like(element: Any, where: str) -> Any:
-    """``element`` with every leaf cut to 0 rows: the batch a replica gets when input ran out."""
-    flat: list[tuple[str, Any]] = []
-    _flatten(element, where, flat)
-    try:
-        for path, leaf in flat:
-            _batch_dim(path, leaf)
-    except TypeError as e:
-        raise TypeError(
-            f"a replica ran out of input and gets an empty batch built from a sibling's "
-            f"element, which needs a batch axis on every leaf: {e}"
-        ) from e
-    return _unflatten(element, iter([leaf[0:0] for _, leaf in flat]))
-
-
 # -- iterators ------------------------------------------------------------------------------------
 
 
@@ -299,7 +161,7 @@ class DistributedIterator:
         return next(self._steps)
 
     def get_next(self) -> Any:
-        """The next step's value; ``OutOfRangeError`` at the end (TF raises that too)."""
+        """The next step's value; :class:`cluster.errors.OutOfRangeError` at the end (as TF)."""
         try:
             return next(self._steps)
         except StopIteration:
@@ -388,7 +250,7 @@ class DistributedDataset:
             if self._num_replicas == 1:
                 yield self._wrap([batch])
                 continue
-            pieces = _split(batch, self._num_replicas, f"dataset element {index}")
+            pieces = split_batch_at(batch, self._num_replicas, f"dataset element {index}")
             yield self._wrap(pieces[self._first:self._stop])
 
 
@@ -484,7 +346,7 @@ class DistributedDatasetsFromFunction:
                     "batches from; give every worker at least one batch."
                 )
             if len(present) < len(taken):
-                empty = _empty_like(template, f"step {step}: the per-replica batch")
+                empty = empty_like(template, f"step {step}: the per-replica batch")
                 taken = [empty if element is _END else element for element in taken]
             last = template
             step += 1

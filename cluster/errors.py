@@ -189,9 +189,11 @@ class FunctionTimeoutError(ClusterError, TimeoutError):
     """A scheduled function ran on its worker longer than the coordinator's function timeout."""
 
 
-class OutOfRangeError(ClusterError):
-    """A scheduled function asked a per-worker iterator for more than its dataset holds
-    (``StopIteration`` on the worker), as ``tf.errors.OutOfRangeError``."""
+class OutOfRangeError(ClusterError, LookupError):
+    """Input ran out, as ``tf.errors.OutOfRangeError``: ``get_next()`` on an exhausted
+    distributed iterator, or a scheduled function that asked a per-worker iterator for more than
+    its dataset holds (``StopIteration`` on the worker). A ``LookupError`` too, as running out
+    of items is."""
 
 
 class RemoteFunctionError(ClusterError):

@@ -23,6 +23,7 @@ from cluster._family import to_array, xp_of
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
 from cluster.strategies._variables import DistributedVariable
+from cluster.values import Mirrored
 from cluster.variables import Variable
 
 __all__ = ["SGD", "Adam", "Optimizer"]
@@ -54,28 +55,29 @@ class Optimizer:
                                 f"{type(variable).__name__} as a variable")
         if not pairs:
             raise ValueError("apply_gradients: no gradients provided for any variable")
-        owner = getattr(pairs[0][1], "_distribute_strategy", None)
-        if getattr(getattr(owner, "extended", None), "_applies_updates_remotely", False):
-            # Parameter-server variables: the gradients go to the parameter servers, which
-            # apply this optimizer's rule there (in any context: one replica per worker).
-            self.iterations += 1
-            owner.extended._push_gradients(self, pairs)
-            return self.iterations
+        owner = pairs[0][1]._distribute_strategy
+        if owner is None:  # a plain variable: no strategy decides, apply in this context
+            return self._apply_in_replica_context(pairs, experimental_aggregate_gradients)
+        # The variables' strategy decides where the update happens (here, or on the parameter
+        # servers for ParameterServerStrategy's variables).
+        return owner.extended._apply_gradients(self, pairs, experimental_aggregate_gradients)
+
+    def _apply_in_replica_context(self, pairs: list[tuple[Any, Variable]],
+                                  aggregate: bool) -> int:
+        """One update, run once for all replicas of the current replica context (merge_call);
+        ``RuntimeError`` in cross-replica context."""
         context = _context.get_replica_context()
         if context is None:
             raise RuntimeError(
                 "apply_gradients() cannot be called in cross-replica context; call it inside "
                 "strategy.run(step_fn)"
             )
-        return context.merge_call(self._distributed_apply,
-                                  args=(pairs, experimental_aggregate_gradients))
+        return context.merge_call(self._distributed_apply, args=(pairs, aggregate))
 
     def _distributed_apply(self, strategy: Any, pairs: list, aggregate: bool) -> int:
-        from cluster.strategies.default import is_default
-
         self._check_strategy(strategy, [v for _, v in pairs])
         grads = [g for g, _ in pairs]
-        if aggregate and not is_default(strategy):
+        if aggregate and not strategy._is_default:
             grads = strategy.extended.batch_reduce_to("SUM", [(g, v) for g, v in pairs])
         self.iterations += 1
         for grad, variable in zip(grads, (v for _, v in pairs), strict=True):
@@ -85,10 +87,8 @@ class Optimizer:
         return self.iterations
 
     def _check_strategy(self, strategy: Any, variables: list[Variable]) -> None:
-        from cluster.strategies.default import is_default
-
         for variable in variables:
-            owner = getattr(variable, "_distribute_strategy", None)
+            owner = variable._distribute_strategy
             if owner is not None and owner is not strategy:
                 raise ValueError(
                     f"{self.name}: variable {variable.name} was created under the scope of "
@@ -96,7 +96,7 @@ class Optimizer:
                     f"{_context.describe(strategy)}; create the variables under the same "
                     "strategy's scope that runs the step"
                 )
-            if owner is None and not is_default(strategy) and strategy.num_replicas_in_sync > 1:
+            if owner is None and not strategy._is_default and strategy.num_replicas_in_sync > 1:
                 raise ValueError(
                     f"{self.name}: variable {variable.name} was created outside "
                     f"{_context.describe(strategy)}'s scope; create it under strategy.scope()"
@@ -118,18 +118,14 @@ class Optimizer:
             self._slots[id(variable)] = slots
         if isinstance(variable, DistributedVariable):
             # Per component: update() passes the i-th component of each Mirrored value.
-            from cluster.values import Mirrored
-
             return {k: (Mirrored(s.values) if isinstance(s, DistributedVariable) else s)
                     for k, s in slots.items()}
         return slots
 
     def _make_slot(self, strategy: Any, variable: Variable, slot: str) -> Variable:
-        from cluster.strategies.default import is_default
-
         zeros = xp_of(variable.value()).zeros(variable.shape, variable.dtype)
         name = f"{variable.name.split(':')[0]}/{slot}"
-        if is_default(strategy) or not isinstance(variable, DistributedVariable):
+        if strategy._is_default or not isinstance(variable, DistributedVariable):
             return Variable(zeros, trainable=False, name=name)
         with strategy.scope():
             # Zeros are the same everywhere: no broadcast needed.

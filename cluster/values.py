@@ -33,6 +33,10 @@ class DistributedValues:
     def __len__(self) -> int:
         return len(self._values)
 
+    def _select(self, replica_index: int) -> Any:
+        """What local replica ``replica_index`` sees of this value: its component."""
+        return self._values[replica_index]
+
     def __repr__(self) -> str:
         inner = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(self._values))
         return f"{type(self).__name__}:{{\n{inner}\n}}"
@@ -47,14 +51,12 @@ class Mirrored(DistributedValues):
 
 
 def select_replica(replica_index: int, structure: Any) -> Any:
-    """``structure`` as local replica ``replica_index`` sees it: each DistributedValues becomes its
-    component; variables (which pick their component when read) and plain values pass through."""
-    from cluster.variables import Variable
+    """``structure`` as local replica ``replica_index`` sees it: each DistributedValues becomes
+    what :meth:`DistributedValues._select` gives (its component; a distributed variable stays
+    itself, as it picks its component when read); plain values pass through."""
 
     def pick(leaf: Any) -> Any:
-        if isinstance(leaf, DistributedValues) and not isinstance(leaf, Variable):
-            return leaf.values[replica_index]
-        return leaf
+        return leaf._select(replica_index) if isinstance(leaf, DistributedValues) else leaf
 
     return _nest.map_structure(pick, structure)
 

@@ -2,13 +2,10 @@
 
 Created outside any strategy it is a plain variable holding one NumPy (or CuPy) array. Created
 under ``strategy.scope()`` (or inside ``strategy.run``) the constructor returns that strategy's
-distributed variable instead (TensorFlow does the same through a metaclass):
-
-- :class:`MirroredVariable` (synchronization AUTO / ON_WRITE): one component per local replica,
-  kept identical; writes in replica context are combined according to ``aggregation``.
-- :class:`SyncOnReadVariable` (ON_READ, e.g. metrics): each replica writes its own component;
-  reading in cross-replica context aggregates every replica of every worker.
-- :class:`CentralVariable` (CentralStorageStrategy): one copy that every replica reads.
+distributed variable instead (TensorFlow does the same through a metaclass): it asks the current
+strategy's ``extended._create_variable``. The distributed variables (``MirroredVariable``,
+``SyncOnReadVariable``, ``CentralVariable``) live beside the strategies that make them and are
+exported by :mod:`cluster.strategies`; this module does not import them.
 """
 
 from __future__ import annotations
@@ -22,13 +19,12 @@ from cluster import _context
 from cluster._family import asarray_like_tf, to_array, xp_of
 
 __all__ = [
-    "CentralVariable",
-    "DistributedVariable",
-    "MirroredVariable",
-    "SyncOnReadVariable",
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "convert_for",
+    "initial_array",
+    "validate_options",
 ]
 
 
@@ -126,6 +122,11 @@ class Variable(metaclass=_VariableMeta):
     @property
     def aggregation(self) -> VariableAggregation:
         return self._aggregation
+
+    @property
+    def _distribute_strategy(self) -> Any:
+        """The strategy that owns this variable; ``None`` for a plain one."""
+        return None
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -300,11 +301,3 @@ def convert_for(variable: Any, value: Any, what: str) -> Any:
         array = array.astype(variable.dtype)
     return array
 
-
-# Distributed variables live beside the strategies that make them.
-from cluster.strategies._variables import (  # noqa: E402
-    CentralVariable,
-    DistributedVariable,
-    MirroredVariable,
-    SyncOnReadVariable,
-)

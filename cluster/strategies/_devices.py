@@ -37,7 +37,7 @@ class Device:
 def gpu_count() -> int:
     """GPUs that CuPy can use here (0 without CuPy or without a driver)."""
     try:
-        import cupy
+        import cupy  # optional (extra 'gpu'): imported only when GPUs are asked about
     except ImportError:
         return 0
     try:

@@ -12,7 +12,9 @@ step of TF's parameter-server training reads each variable once. Outside a funct
 read asks the parameter server.
 
 Handles pickle as their :class:`VariableSpec` (never their value): a function sent to a worker
-carries handles that the worker binds to its own connections (``_rebuild_variable``).
+carries handles that the worker binds to its own connections (``_rebuild_variable``). The
+strategy's class travels by reference and rebuilds the strategy (``_for_config``), so this
+module never imports :mod:`cluster.strategies.parameter_server`, which imports it.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ class PsVariable(Variable):
         return f"/job:ps/replica:0/task:{self._spec.shards[0].ps}/device:CPU:0"
 
     def __reduce__(self) -> tuple:
-        return (_rebuild_variable, (self._strategy._config, self._spec))
+        return (_rebuild_variable, (type(self._strategy), self._strategy._config, self._spec))
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -274,9 +276,9 @@ class _Pending:
             self.by_ps.setdefault(shard.ps, {})[shard.name] = np.require(rows, requirements="C")
 
 
-def _rebuild_variable(config: Any, spec: VariableSpec) -> PsVariable:
-    from cluster.strategies.parameter_server import strategy_for_config
-
-    variable = strategy_for_config(config).extended._handle(spec)
+def _rebuild_variable(strategy_type: type[ParameterServerStrategy], config: Any,
+                      spec: VariableSpec) -> PsVariable:
+    """Unpickle a handle: bound to this process's strategy for ``config``."""
+    variable = strategy_type._for_config(config).extended._handle(spec)
     _note_loaded(variable)
     return variable

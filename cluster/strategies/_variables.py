@@ -1,4 +1,4 @@
-"""The distributed variables that strategies create (see :mod:`cluster.variables`).
+"""The distributed variables that strategies create (exported by :mod:`cluster.strategies`).
 
 A distributed variable holds plain :class:`~cluster.variables.Variable` components, one per local
 replica (one in all for :class:`CentralVariable`). Which component a read or write touches
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster import _context
 from cluster.collectives.ops import ReduceOp
-from cluster.values import DistributedValues
+from cluster.values import DistributedValues, PerReplica
 from cluster.variables import (
     Variable,
     VariableAggregation,
@@ -71,15 +71,17 @@ class DistributedVariable(Variable, DistributedValues):
     def shape(self) -> tuple[int, ...]:
         return self._values[0].shape
 
+    def _select(self, replica_index: int) -> Any:
+        # A replica gets the variable itself, which picks its component when read or written.
+        return self
+
     def _local_index(self) -> int | None:
         """This thread's replica index in the owning strategy; None in cross-replica context."""
-        from cluster.strategies.default import is_default
-
         frame = _context.current_frame()
         if frame.strategy is self._strategy:
             context = frame.replica_context
             return None if context is None else context._local_index
-        if is_default(frame.strategy):
+        if frame.strategy._is_default:
             return None  # as TF: outside every scope, the variable enters its own strategy
         raise RuntimeError(
             f"Mixing different Strategy objects: variable {self.name} belongs to "
@@ -166,8 +168,6 @@ class SyncOnReadVariable(DistributedVariable):
             return self._strategy.extended._reduce_to_host(op, self._per_replica())
 
     def _per_replica(self) -> Any:
-        from cluster.values import PerReplica
-
         reads = [c._read() for c in self._values]
         return PerReplica(reads) if len(reads) > 1 else reads[0]
 

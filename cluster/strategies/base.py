@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import restore_for, to_array
+from cluster._family import restore_for, to_array, xp_of
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import CrossDeviceOps
+from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
 from cluster.strategies._devices import Device
 from cluster.strategies._variables import (
     DistributedVariable,
@@ -35,7 +36,9 @@ from cluster.values import (
 )
 from cluster.variables import (
     Variable,
+    VariableAggregation,
     VariableSynchronization,
+    _full_name,
     initial_array,
     validate_options,
 )
@@ -99,7 +102,7 @@ class StrategyExtended:
     def _device_scope(self, index: int) -> contextlib.AbstractContextManager:
         device = self._devices[index]
         if device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only GPU replicas need it
 
             return cupy.cuda.Device(device.index)
         return contextlib.nullcontext()
@@ -108,7 +111,7 @@ class StrategyExtended:
         """A copy of ``array`` on local replica ``index``'s device."""
         device = self._devices[index]
         if device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only GPU replicas need it
 
             with cupy.cuda.Device(device.index):
                 return cupy.array(array, copy=True)
@@ -217,13 +220,22 @@ class StrategyExtended:
     def value_container(self, value: Any) -> Any:
         return value
 
+    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Variable]],
+                         aggregate: bool) -> int:
+        """Apply one update of ``optimizer`` to ``pairs`` (``(gradient, variable)``, variables of
+        this strategy); returns the optimizer's new iteration count.
+
+        Here: in the caller's replica context, once for all replicas (``merge_call``), summing
+        the gradients over every replica first when ``aggregate``. Raises ``RuntimeError`` in
+        cross-replica context. Strategies whose variables live elsewhere override this.
+        """
+        return optimizer._apply_in_replica_context(pairs, aggregate)
+
     def _create_variable(self, initial_value: Any = None, trainable: bool | None = None,
                          name: str | None = None, dtype: Any = None,
                          synchronization: Any = VariableSynchronization.AUTO,
                          aggregation: Any = None, shape: Any = None, *,
                          _broadcast: bool = True) -> Variable:
-        from cluster.variables import VariableAggregation
-
         aggregation = VariableAggregation.NONE if aggregation is None else aggregation
         context = _context.get_replica_context()
         if context is not None and context.strategy is self._container:
@@ -241,7 +253,7 @@ class StrategyExtended:
         value = initial_array(initial_value, dtype, shape)
         if _broadcast:
             value = self._cross_device_ops.broadcast_from_first(value, self._options)
-        return self._make_variable(value, name=_full(name), trainable=trainable,
+        return self._make_variable(value, name=_full_name(name), trainable=trainable,
                                    synchronization=synchronization, aggregation=aggregation)
 
     def _make_variable(self, value: Any, **options: Any) -> Variable:
@@ -264,12 +276,6 @@ def _plain_variable(array: Any, name: str) -> Variable:
     Variable.__init__(variable, lambda: array, name=name)
     variable._value = array  # no dtype inference: the value is already final
     return variable
-
-
-def _full(name: str | None) -> str:
-    from cluster.variables import _full_name
-
-    return _full_name(name)
 
 
 def _first(leaf: Any) -> Any:
@@ -302,6 +308,10 @@ class Strategy:
     replica; ``reduce``/``gather`` combine per-replica values over every replica of every worker.
     """
 
+    # True only for the default strategy (cluster.strategies.default): what get_strategy()
+    # returns outside every scope. Lower modules ask this instead of importing that module.
+    _is_default = False
+
     def __init__(self, extended: StrategyExtended) -> None:
         self._extended = extended
 
@@ -328,14 +338,12 @@ class Strategy:
         Raises ``RuntimeError`` inside another strategy's scope (TF: "Mixing different
         tf.distribute.Strategy objects").
         """
-        from cluster.strategies.default import is_default
-
         frame = _context.current_frame()
         if frame.strategy is self:
             with _context.push(self, frame.replica_context):
                 yield self
             return
-        if not is_default(frame.strategy):
+        if not frame.strategy._is_default:
             raise RuntimeError(
                 f"Mixing different Strategy objects: {_context.describe(self)} is not "
                 f"{_context.describe(frame.strategy)}, whose scope is active. Leave that "
@@ -427,7 +435,7 @@ class Strategy:
             else:
                 sums, counts = [], []
                 for c in components:
-                    xp = _xp(c)
+                    xp = xp_of(c)
                     sums.append(xp.sum(c, axis=axis))
                     counts.append(np.asarray(float(c.shape[axis] if c.ndim else 1)))
                 plan.append(("axis", leaf, len(items)))
@@ -472,8 +480,6 @@ class Strategy:
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any], options: Any = None) -> Any:
         """Split each global batch of ``dataset`` across all replicas (see :mod:`cluster.data`)."""
-        from cluster.data import DistributedDataset
-
         ext = self._extended
         return DistributedDataset(dataset, num_replicas_in_sync=self.num_replicas_in_sync,
                                   worker_index=ext._worker_index, num_workers=ext._num_workers,
@@ -481,8 +487,6 @@ class Strategy:
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Per-replica batches from ``dataset_fn(InputContext)``, called once per worker."""
-        from cluster.data import DistributedDatasetsFromFunction
-
         ext = self._extended
         return DistributedDatasetsFromFunction(
             dataset_fn, num_workers=ext._num_workers, worker_index=ext._worker_index,
@@ -492,12 +496,6 @@ class Strategy:
     def __repr__(self) -> str:
         return (f"<cluster.{type(self).__name__} num_replicas_in_sync="
                 f"{self.num_replicas_in_sync} devices={list(self._extended.worker_devices)}>")
-
-
-def _xp(array: Any) -> Any:
-    from cluster._family import xp_of
-
-    return xp_of(array)
 
 
 def _host(array: Any) -> np.ndarray:

@@ -1,8 +1,13 @@
 """The default strategy: what ``get_strategy()`` returns outside every scope (one replica, no
-distribution), and ``OneDeviceStrategy``, which places its single replica on one device."""
+distribution), and ``OneDeviceStrategy``, which places its single replica on one device.
+
+Importing this module registers the default strategy's frame with :mod:`cluster._context`,
+which sits below the strategies and so cannot import it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 from cluster import _context
@@ -11,19 +16,19 @@ from cluster.strategies._devices import parse_devices
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.strategies.replica import ReplicaContext
 
-__all__ = ["OneDeviceStrategy", "default_frame", "is_default"]
+__all__ = ["OneDeviceStrategy", "default_frame"]
 
 
 class _DefaultStrategy(Strategy):
     """One CPU replica, variables stay plain, ``reduce`` returns its value."""
+
+    _is_default = True
 
     def __init__(self) -> None:
         devices = parse_devices(["/cpu:0"], what="default strategy")
         super().__init__(StrategyExtended(self, devices, ReductionToOneDevice()))
 
     def scope(self):  # entering the default strategy changes nothing
-        import contextlib
-
         return contextlib.nullcontext(self)
 
     def run(self, fn, args=(), kwargs=None, options=None):
@@ -32,18 +37,14 @@ class _DefaultStrategy(Strategy):
 
 
 @lru_cache(maxsize=1)
-def _default_strategy() -> _DefaultStrategy:
-    return _DefaultStrategy()
+def default_frame() -> _context.Frame:
+    """The frame of a thread outside every strategy: the default strategy (created on first use,
+    then shared) in its default replica context."""
+    strategy = _DefaultStrategy()
+    return _context.Frame(strategy, ReplicaContext(strategy, 0))
 
 
-@lru_cache(maxsize=1)
-def default_frame() -> _context._Frame:
-    strategy = _default_strategy()
-    return _context._Frame(strategy, ReplicaContext(strategy, 0))
-
-
-def is_default(strategy: object) -> bool:
-    return isinstance(strategy, _DefaultStrategy)
+_context.set_default_frame(default_frame)
 
 
 class OneDeviceStrategy(Strategy):

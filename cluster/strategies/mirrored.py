@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from cluster import _context
 from cluster.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
 from cluster.strategies._devices import Device, gpu_count, parse_devices
 from cluster.strategies._variables import CentralVariable
 from cluster.strategies.base import Strategy, StrategyExtended, _plain_variable
+from cluster.values import select_replica
 from cluster.variables import Variable, VariableSynchronization
 
 __all__ = ["CentralStorageStrategy", "MirroredStrategy", "default_local_devices"]
@@ -59,7 +63,7 @@ class _CentralExtended(StrategyExtended):
             return super()._make_variable(value, **options)
         placed = value
         if self._parameter_device.is_gpu:
-            import cupy
+            import cupy  # optional (extra 'gpu'): only a GPU parameter device needs it
 
             with cupy.cuda.Device(self._parameter_device.index):
                 placed = cupy.array(value, copy=True)
@@ -70,15 +74,10 @@ class _CentralExtended(StrategyExtended):
 
     @staticmethod
     def _place_host(value: Any) -> Any:
-        import numpy as np
-
         return np.array(value.get() if hasattr(value, "get") else value, copy=True)
 
     def update(self, var, fn, args=(), kwargs=None, group=True):
         if isinstance(var, CentralVariable):
-            from cluster import _context
-            from cluster.values import select_replica
-
             kwargs = {} if kwargs is None else kwargs
             with _context.push(self._container, None):
                 return fn(var.values[0], *select_replica(0, args), **select_replica(0, kwargs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cluster import runtime
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
 from cluster.cross_device_ops import CollectiveAllReduce, NcclAllReduce
@@ -19,6 +20,8 @@ from cluster.strategies._devices import parse_devices
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.strategies.mirrored import default_local_devices
 from cluster.transport.api import Transport
+from cluster.transport.inproc import InProcessHub
+from resolver import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
 
 __all__ = ["COLLECTIVE_JOBS", "MultiWorkerMirroredStrategy"]
 
@@ -87,37 +90,27 @@ class MultiWorkerMirroredStrategy(Strategy):
 
 def _collective_settings() -> CollectiveSettings | None:
     """The task's collective settings (``CLUSTER_COLLECTIVE_*``), when this process is a task."""
-    from cluster import runtime
-
     rt = runtime.current()
     return rt.settings.collectives if rt is not None else None
 
 
 def _local_transport() -> Transport:
-    from cluster.transport.inproc import InProcessHub
-
     return InProcessHub(1).transports[0]
 
 
 def _connect(resolver: Any) -> tuple[Any, Transport]:
     """The resolver and the connected collective transport of this task (or a local one)."""
     if resolver is None:
-        from resolver import TFConfigClusterResolver
-
         resolver = TFConfigClusterResolver()
     spec = resolver.cluster_spec().as_dict()
     members = [job for job in COLLECTIVE_JOBS if spec.get(job)]
     if not members or resolver.task_type not in COLLECTIVE_JOBS:
         return resolver, _local_transport()
-    from cluster import runtime
-
     task_runtime = runtime.current() or runtime.start(resolver)
     return resolver, task_runtime.collective_transport()
 
 
 def _resolver_for(transport: Transport) -> Any:
-    from resolver import ClusterSpec, SimpleClusterResolver
-
     jobs: dict[str, dict[int, str]] = {}
     for peer in transport.peers:
         job, _, index = peer.task.partition(":")

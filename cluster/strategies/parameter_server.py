@@ -58,8 +58,6 @@ class StrategyConfig:
 class ParameterServerExtended(StrategyExtended):
     """``strategy.extended`` of a :class:`ParameterServerStrategy`."""
 
-    _applies_updates_remotely = True  # optimizers push gradients instead of updating in place
-
     def __init__(self, container: ParameterServerStrategy, config: StrategyConfig,
                  connections: PsConnections, partitioner: Partitioner | None, *,
                  coordinator: bool) -> None:
@@ -136,6 +134,14 @@ class ParameterServerExtended(StrategyExtended):
         return handle
 
     # -- updates -------------------------------------------------------------------------------
+
+    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]],
+                         aggregate: bool) -> int:
+        """Push the gradients to the parameter servers, which apply ``optimizer``'s rule there
+        next to its slots; in any context (one replica per worker, so nothing to aggregate)."""
+        optimizer.iterations += 1
+        self._push_gradients(optimizer, pairs)
+        return optimizer.iterations
 
     def _push_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]]) -> None:
         """Send ``(gradient, variable)`` pairs to the parameter servers, which apply
@@ -237,6 +243,11 @@ class ParameterServerStrategy(Strategy):
 
     def __reduce__(self) -> tuple:
         return (strategy_for_config, (self._config, self._partitioner))
+
+    @classmethod
+    def _for_config(cls, config: StrategyConfig) -> ParameterServerStrategy:
+        """This process's strategy for ``config`` (how a pickled variable finds its strategy)."""
+        return strategy_for_config(config)
 
     def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
         """``dataset_fn(InputContext)`` with one input pipeline per worker: called in a

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cluster import _context
+from cluster.collectives.ops import ReduceOp
 from cluster.values import regroup, select_replica
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ class ReplicaContext:
 
     def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
         """``reduce_op`` of ``value`` (a nest) over every replica; each replica gets the result."""
-        from cluster.collectives.ops import ReduceOp
-
         op = ReduceOp.parse(reduce_op)
         return self.merge_call(_all_reduce, args=(op, value, options))
 
