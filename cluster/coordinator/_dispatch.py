@@ -31,7 +31,7 @@ from cluster.errors import (
 )
 from cluster.settings import ENV_FUNCTION_TIMEOUT
 from cluster.transport._pb import coordinator_pb2
-from cluster.transport.health import HeartbeatMonitor
+from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.worker_client import PendingCall, WorkerClient
 
 if TYPE_CHECKING:

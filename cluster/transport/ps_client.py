@@ -24,7 +24,7 @@ from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
-from cluster.transport.health import HeartbeatMonitor
+from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
 
 __all__ = ["SERVICE", "PsClient", "PsWatch", "optimizer_from_proto", "optimizer_to_proto"]

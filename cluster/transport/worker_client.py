@@ -19,8 +19,8 @@ from cluster.transport._grpc_errors import translate, translate_run
 from cluster.transport._pb import control_pb2, coordinator_pb2
 from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
-from cluster.transport.health import SERVICE as CONTROL_SERVICE
-from cluster.transport.health import HeartbeatMonitor
+from cluster.transport.control import SERVICE as CONTROL_SERVICE
+from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
 
 __all__ = ["SERVICE", "Health", "PendingCall", "WorkerClient"]
