@@ -1,0 +1,100 @@
+"""The coordination service's state machine, without sockets: a table of calls and outcomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.transport.membership import Event, EventKind, Membership, UnknownTaskError
+
+TASKS = ("chief:0", "worker:0", "worker:1")
+
+
+def _joined(now: float = 0.0) -> Membership:
+    m = Membership(TASKS, timeout=5.0)
+    for i, task in enumerate(TASKS):
+        m.register(task, incarnation=100 + i, now=now)
+    return m
+
+
+def test_unregistered_tasks_are_listed_in_cluster_order_until_they_join() -> None:
+    m = Membership(TASKS, timeout=5.0)
+    assert m.unregistered() == TASKS
+    m.register("worker:1", 7, now=0.0)
+    assert m.unregistered() == ("chief:0", "worker:0")
+    answer = m.heartbeat("worker:1", 7, 0, now=0.5)
+    assert answer.unregistered == ("chief:0", "worker:0") and answer.events == ()
+
+
+@pytest.mark.parametrize(("beats", "now", "lost"), [
+    ({"chief:0": 4.0, "worker:0": 4.0, "worker:1": 4.0}, 9.0, ()),       # all within 5 s
+    ({"chief:0": 4.0, "worker:0": 4.0, "worker:1": 3.9}, 9.0, ("worker:1",)),
+    ({"chief:0": 0.0, "worker:0": 0.0, "worker:1": 0.0}, 5.0, ()),       # exactly the timeout
+    ({"chief:0": 0.0, "worker:0": 0.0, "worker:1": 0.0}, 5.1, TASKS),
+])
+def test_a_task_silent_for_longer_than_the_timeout_is_lost(beats, now, lost) -> None:
+    m = _joined()
+    for task, at in beats.items():
+        m.heartbeat(task, 100 + TASKS.index(task), 0, now=at)
+    events = m.expire(now)
+    assert tuple(e.task for e in events) == lost
+    assert all(e.kind is EventKind.LOST and "no heartbeat for" in e.message for e in events)
+    later = m.expire(now + 100)
+    assert {e.task for e in later} == set(TASKS) - set(lost)  # each task at most once
+    assert m.expire(now + 200) == []
+
+
+def test_unregistered_tasks_are_never_declared_lost() -> None:
+    m = Membership(TASKS, timeout=1.0)
+    m.register("chief:0", 1, now=0.0)
+    assert [e.task for e in m.expire(10.0)] == ["chief:0"]
+
+
+def test_a_clean_departure_is_not_a_loss_and_is_not_logged() -> None:
+    m = _joined()
+    assert m.report(Event(EventKind.LEFT, "worker:0", reporter="worker:0"), now=1.0) is False
+    assert [e.task for e in m.expire(20.0)] == ["chief:0", "worker:1"]
+    assert all(e.task != "worker:0" for e in m.events)
+
+
+def test_events_reach_every_task_once_in_log_order_and_replies_are_bounded() -> None:
+    m = Membership(TASKS, timeout=5.0, max_events=2)
+    for i, task in enumerate(TASKS):
+        m.register(task, i, now=0.0)
+    assert m.report(Event(EventKind.FAILED, "worker:1", "worker:1", "ValueError", "boom", 1), 1.0)
+    assert not m.report(Event(EventKind.FAILED, "worker:1", "worker:0", "X", "again"), 1.0)
+    assert m.report(Event(EventKind.LOST, "worker:0", "chief:0", message="conn broke"), 1.0)
+    assert not m.report(Event(EventKind.LOST, "worker:0", "worker:1"), 1.0)  # once
+    m.expire(100.0)  # chief:0 is lost too (silent): the third event
+    first = m.heartbeat("chief:0", 0, 0, now=100.0)
+    assert [(e.kind, e.task) for e in first.events] == [(EventKind.FAILED, "worker:1"),
+                                                       (EventKind.LOST, "worker:0")]
+    second = m.heartbeat("chief:0", 0, first.next_event, now=100.0)
+    assert [e.task for e in second.events] == ["chief:0"] and second.next_event == 3
+    assert m.heartbeat("chief:0", 0, second.next_event, now=100.0).events == ()
+    assert m.heartbeat("chief:0", 0, 10**9, now=100.0).next_event == 3  # a bogus index clamps
+
+
+def test_a_restarted_task_registers_again_and_is_alive() -> None:
+    m = _joined()
+    m.expire(10.0)
+    assert "worker:0" in m.lost()
+    m.register("worker:0", incarnation=999, now=10.0)
+    assert "worker:0" not in m.lost()
+    with pytest.raises(UnknownTaskError, match="incarnation"):
+        m.heartbeat("worker:0", 101, 0, now=10.5)  # the old incarnation is gone
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.register("worker:7", 1, now=0.0),
+    lambda m: m.heartbeat("ps:0", 1, 0, now=0.0),
+    lambda m: m.report(Event(EventKind.LOST, "evaluator:0"), now=0.0),
+])
+def test_a_task_outside_the_cluster_is_refused(call) -> None:
+    with pytest.raises(UnknownTaskError, match="not a task of this cluster"):
+        call(Membership(TASKS, timeout=1.0))
+
+
+def test_a_reported_message_is_capped() -> None:
+    m = _joined()
+    m.report(Event(EventKind.FAILED, "worker:0", message="x" * 100_000), now=0.0)
+    assert len(m.events[0].message) <= 2000
