@@ -34,7 +34,6 @@ import multiprocessing as mp
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench.allreduce import fmt_size, parse_size  # noqa: E402
+from cluster.ctl.ports import pick_free_ports  # noqa: E402
 
 CHIEF = REPO / "bench" / "_ps_chief.py"
 READY = "serving the variable store"
@@ -59,15 +59,6 @@ GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when reaping
 # -- processes -------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Child:
@@ -152,7 +143,7 @@ class Children:
 
 
 def _cluster(workers: int, ps: int) -> dict[str, list[str]]:
-    ports = iter(_free_ports(1 + workers + ps))
+    ports = iter(pick_free_ports("127.0.0.1", 1 + workers + ps))
     spec = {"chief": [f"127.0.0.1:{next(ports)}"]}
     if workers:
         spec["worker"] = [f"127.0.0.1:{next(ports)}" for _ in range(workers)]
@@ -263,7 +254,7 @@ def bench_echo(sizes: list[int], iters: int, warmup: int) -> dict[int, tuple[flo
 
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
-    port = _free_ports(1)[0]
+    port = pick_free_ports("127.0.0.1", 1)[0]
     server = ctx.Process(target=_echo_server, args=(port, ready, stop), daemon=True)
     server.start()
     out = {}

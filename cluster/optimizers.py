@@ -22,7 +22,8 @@ from cluster import _context
 from cluster._family import to_array, xp_of
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
-from cluster.strategies._variables import DistributedVariable
+from cluster.ps.store import OptimizerSpec
+from cluster.strategies import DistributedVariable
 from cluster.values import Mirrored
 from cluster.variables import Variable
 
@@ -139,6 +140,10 @@ class Optimizer:
     def _slot_names(self) -> tuple[str, ...]:
         return ()
 
+    def _update_rule(self) -> OptimizerSpec:
+        """This optimizer's rule as a parameter server applies it (``TypeError`` if none)."""
+        raise TypeError(f"no parameter-server rule for optimizer {type(self).__name__}")
+
     def _update_component(self, variable: Variable, grad: Any, slots: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -172,6 +177,9 @@ class SGD(Optimizer):
     def _slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
+    def _update_rule(self) -> OptimizerSpec:
+        return OptimizerSpec.sgd(self.learning_rate, self.momentum, self.nesterov)
+
     def _update_component(self, variable: Variable, grad: Any, slots: dict[str, Any]) -> None:
         value = variable._read()
         grad = _grad_array(variable, grad)
@@ -196,6 +204,9 @@ class Adam(Optimizer):
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("m", "v")
+
+    def _update_rule(self) -> OptimizerSpec:
+        return OptimizerSpec.adam(self.learning_rate, self.beta_1, self.beta_2, self.epsilon)
 
     def _update_component(self, variable: Variable, grad: Any, slots: dict[str, Any]) -> None:
         value = variable._read()

@@ -104,15 +104,16 @@ class OptimizerSpec:
 
     @classmethod
     def from_optimizer(cls, optimizer: Any) -> OptimizerSpec:
-        """The spec of a :class:`cluster.optimizers.SGD` or ``Adam`` (same hyper-parameters)."""
-        from cluster import optimizers
-
-        if isinstance(optimizer, optimizers.SGD):
-            return cls.sgd(optimizer.learning_rate, optimizer.momentum, optimizer.nesterov)
-        if isinstance(optimizer, optimizers.Adam):
-            return cls.adam(optimizer.learning_rate, optimizer.beta_1, optimizer.beta_2,
-                            optimizer.epsilon)
-        raise TypeError(f"no parameter-server rule for optimizer {type(optimizer).__name__}")
+        """The spec of a :class:`cluster.optimizers.SGD` or ``Adam`` (same hyper-parameters):
+        each optimizer describes its own rule (``_update_rule``), so the store never imports
+        the optimizers. Raises ``TypeError`` for an optimizer without one."""
+        try:
+            spec = optimizer._update_rule()
+        except AttributeError:
+            spec = None
+        if not isinstance(spec, OptimizerSpec):
+            raise TypeError(f"no parameter-server rule for optimizer {type(optimizer).__name__}")
+        return spec
 
     @property
     def slot_names(self) -> tuple[str, ...]:
