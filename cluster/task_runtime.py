@@ -1,10 +1,14 @@
 """One task's presence in its cluster: its server, its services, its peers and its group.
 
 A :class:`TaskRuntime` binds the task's gRPC server on the address the cluster spec gives it,
-installs the Collective and Control services (and any others the entry point adds), waits for
-its peers (:meth:`TaskRuntime.wait_for_peers`), creates the collective transport on first use
-(:meth:`TaskRuntime.collective_transport`), and tells every peer when this task fails
-(:meth:`TaskRuntime.report_failure`) so they stop within seconds naming the root cause.
+installs the Collective and Control services (and any others the entry point adds), and joins
+the cluster's coordination service (:mod:`~cluster.transport.coordination`, hosted by the chief,
+or worker 0 when there is none): it registers, heartbeats, and hears of every loss and failure
+from there, so its control-plane cost does not grow with the cluster. It waits for its peers
+(:meth:`TaskRuntime.wait_for_peers`), creates the collective transport on first use
+(:meth:`TaskRuntime.collective_transport`; routes to peers open lazily, where an algorithm sends),
+and tells the cluster when this task fails (:meth:`TaskRuntime.report_failure`) so every task
+stops within seconds naming the root cause.
 :mod:`cluster.runtime` keeps the one runtime of a task process; several can live in one process
 (tests).
 """
@@ -32,7 +36,15 @@ from cluster.transport._grpc_errors import spec_mismatch
 from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token, resolve_token
 from cluster.transport.control_client import ControlClient
+from cluster.transport.coordination import SERVICE as COORDINATION_SERVICE
+from cluster.transport.coordination import (
+    CoordinationClient,
+    CoordinationService,
+    cluster_digest,
+    coordinator_task,
+)
 from cluster.transport.endpoint import CollectiveEndpoint
+from cluster.transport.membership import Event, EventKind
 from cluster.transport.network import NetworkTransport
 from cluster.transport.server import ServiceHandlers, TaskServer
 from resolver import ClusterResolver, TFConfigClusterResolver
@@ -84,6 +96,16 @@ class TaskRuntime:
             self._server, self.task, heartbeat_interval=self.settings.heartbeat_interval)
         for service, handlers in (services or {}).items():
             self._server.add_handlers(service, dict(handlers))
+        tasks = placement.tasks()
+        digest = cluster_digest(tasks)
+        self.coordinator = coordinator_task([t for t, _ in tasks])
+        self._service: CoordinationService | None = None
+        if self.coordinator == self.task:
+            self._service = CoordinationService(
+                self.task, [t for t, _ in tasks], digest,
+                interval=self.settings.heartbeat_interval,
+                timeout=self.settings.heartbeat_timeout)
+            self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
         self.control.on_shutdown = self._on_shutdown
@@ -98,7 +120,17 @@ class TaskRuntime:
         self._failure_listeners: list[Callable[[PeerFailedError], None]] = []
         self._closed = False
         self._close_hooks: list[Callable[[TaskRuntime], None]] = []
+        self._lost: dict[str, str] = {}  # tasks the coordination service declared lost: why
+        self._join_lock = threading.Lock()
+        self._joined = False
+        self._coordination = CoordinationClient(
+            self.task, self.control.incarnation, (self.coordinator, dict(tasks)[self.coordinator]),
+            digest, token, interval=self.settings.heartbeat_interval,
+            timeout=self.settings.heartbeat_timeout, on_event=self._on_event,
+            on_coordinator_lost=self._on_coordinator_lost)
         self._server.start()
+        if self._service is not None:
+            self._service.start()
         log.debug("%s: serving on %s", self.task, self.address)
 
     @classmethod
@@ -127,21 +159,76 @@ class TaskRuntime:
                                   error_message=failure.error_message,
                                   exit_code=failure.exit_code) from None
 
+    def join(self, deadline: Deadline | None = None) -> None:
+        """Register with the coordination service and start heartbeating (once; later calls
+        return at once). Raises as :meth:`wait_for_peers` does when the service never answers.
+        """
+        with self._join_lock:
+            if self._joined:
+                return
+            budget = self.settings.connect_timeout
+            deadline = deadline or Deadline.after(budget)
+            try:
+                self._coordination.register(deadline)
+            except PeersNotReadyError as e:
+                status = e.missing[0][2] if e.missing else "no answer"
+                raise self._not_ready(self.peers(), {self.coordinator: status}, budget) from e
+            self._coordination.start()
+            self._joined = True
+
+    def _not_ready(self, wanted: list[tuple[str, str]], status: dict[str, str],
+                   budget: float) -> PeersNotReadyError:
+        """The error listing ``wanted`` tasks (those in ``status``: why) that never came up."""
+        missing = [(t, a, status[t]) for t, a in wanted if t in status]
+        listed = ", ".join(f"{t} ({a}) [{s}]" for t, a, s in missing)
+        return PeersNotReadyError(
+            f"{self.task}: {len(missing)} of {len(wanted)} peers never came up within "
+            f"{budget:g} s: {listed}", missing=missing)
+
     def wait_for_peers(self, deadline: Deadline | None = None,
                        tasks: list[tuple[str, str]] | None = None) -> None:
-        """Block until every peer (or ``tasks``) answers a health check as itself, SERVING.
+        """Block until every peer has joined the cluster, or until each of ``tasks`` serves.
+
+        With no ``tasks`` (the start-up barrier), this task joins the coordination service and
+        waits until every other task has registered with it: one call per heartbeat, whatever
+        the cluster's size. With ``tasks`` (a few peers to be sure of now, e.g. a restarted
+        worker or the parameter servers), each is asked directly and must answer a health check
+        as itself, SERVING.
 
         Raises:
             PeersNotReadyError: listing each task that never came up, with its address and the
-                last status seen, once ``deadline`` (default ``settings.connect_timeout``) passes.
+                last status seen, once ``deadline`` (default ``settings.connect_timeout``)
+                passes; when the coordination service itself never answered, every peer is
+                listed, the service with the status of its last call.
             PeerFailedError: a peer reported a failure meanwhile.
-            ClusterSpecMismatchError: an address answers as another task (the specs differ).
+            ClusterSpecMismatchError: a peer (or the coordination service) was given another
+                cluster.
             UnauthenticatedError: a peer refused our token.
         """
         budget = self.settings.connect_timeout
         deadline = deadline or Deadline.after(budget)
-        pending = dict(tasks if tasks is not None else self.peers())
-        order = list(pending)
+        if tasks is not None:
+            self._check_serving(list(tasks), deadline, budget)
+            return
+        self._wait_registered(self.peers(), deadline)
+
+    def _wait_registered(self, wanted: list[tuple[str, str]], deadline: Deadline) -> None:
+        budget = self.settings.connect_timeout
+        try:
+            self.join(deadline)
+        except PeersNotReadyError as e:
+            status = {t: "unknown: the coordination service never answered" for t, _ in wanted}
+            status.update({t: s for t, _, s in e.missing if t in status})
+            raise self._not_ready(wanted, status, budget) from None
+        missing = self._coordination.wait_for([t for t, _ in wanted], deadline,
+                                              self._raise_if_peer_failed)
+        if missing:
+            raise self._not_ready(wanted, dict.fromkeys(missing, "not registered"), budget)
+
+    def _check_serving(self, tasks: list[tuple[str, str]], deadline: Deadline,
+                       budget: float) -> None:
+        """Ask each of ``tasks`` directly until all answer as themselves, SERVING."""
+        pending = dict(tasks)
         status = dict.fromkeys(pending, "no answer")
         while pending:
             self._raise_if_peer_failed()
@@ -158,11 +245,7 @@ class TaskRuntime:
             if not pending:
                 return
             if deadline.expired:
-                missing = [(t, pending[t], status[t]) for t in order if t in pending]
-                listed = ", ".join(f"{t} ({a}) [{s}]" for t, a, s in missing)
-                raise PeersNotReadyError(
-                    f"{self.task}: {len(missing)} of {len(order)} peers never came up within "
-                    f"{budget:g} s: {listed}", missing=missing)
+                raise self._not_ready(tasks, {t: status[t] for t in pending}, budget)
             # Calls that fail fast (NOT_SERVING) must not spin; a failure report wakes us at once.
             self._failed.wait(min(0.2, deadline.remaining()))
 
@@ -171,10 +254,11 @@ class TaskRuntime:
     def collective_transport(self, deadline: Deadline | None = None) -> Transport:
         """The connected transport of the collective group (chief, then workers by index).
 
-        Created on first use and cached; a closed one is replaced. Raises
-        :class:`TaskConfigError` for a task outside the group (ps, evaluator),
-        ``PeerUnavailableError`` naming the peers that never answered by ``deadline`` (default
-        ``settings.connect_timeout``), :class:`PeerFailedError` after a peer's failure report.
+        Created on first use (once every member has registered with the coordination service)
+        and cached; a closed one is replaced. Raises :class:`TaskConfigError` for a task outside
+        the group (ps, evaluator), ``PeersNotReadyError`` naming the members that never came up
+        by ``deadline`` (default ``settings.connect_timeout``), :class:`PeerFailedError` after a
+        peer's failure report.
         """
         with self._lock:
             if self._closed:
@@ -188,12 +272,19 @@ class TaskRuntime:
                 raise TaskConfigError(
                     f"{self.task} is not in the collective group (chief and workers: "
                     f"{', '.join(names)})")
+            deadline = deadline or Deadline.after(self.settings.connect_timeout)
+            self._wait_registered([m for m in members if m[0] != self.task], deadline)
             peers = [PeerInfo(r, t, a) for r, (t, a) in enumerate(members)]
-            transport = NetworkTransport(self._endpoint, names.index(self.task), peers, self.token,
-                                      heartbeat_timeout=self.settings.heartbeat_timeout,
-                                      data_plane=self.settings.data_plane)
-            transport.connect(deadline or Deadline.after(self.settings.connect_timeout))
+            transport = NetworkTransport(
+                self._endpoint, names.index(self.task), peers, self.token,
+                heartbeat_timeout=self.settings.heartbeat_timeout,
+                data_plane=self.settings.data_plane, lazy=True,
+                route_timeout=self.settings.connect_timeout,
+                on_peer_lost=self._report_lost, on_abort=self._report_abort)
+            transport.connect(deadline)
             self._transport = transport
+        for task, why in list(self._lost.items()):  # lost before the group existed
+            transport.peer_lost(task, why)
         failure = self._peer_failure
         if failure is not None:  # reported while we were connecting
             self._abort_transport(str(failure))
@@ -215,7 +306,42 @@ class TaskRuntime:
         if failure is not None:
             callback(failure)
 
-    def _on_failure_report(self, report: FailureReport) -> None:
+    def _on_event(self, event: Event) -> None:
+        """An event of the cluster, from the coordination service (its heartbeat thread)."""
+        if event.kind is EventKind.FAILED:
+            self._on_failure_report(event)
+        elif event.kind is EventKind.LOST:
+            self._on_peer_lost(event.task, event.message or "lost")
+        elif event.kind is EventKind.ABORTED:
+            transport = self._transport
+            if transport is not None and not transport.closed:
+                transport.aborted_by_peer(event.task, event.message)
+
+    def _on_peer_lost(self, task: str, why: str) -> None:
+        with self._state:
+            self._lost.setdefault(task, why)
+        transport = self._transport
+        if transport is not None:
+            transport.peer_lost(task, why)
+
+    def _on_coordinator_lost(self, error: PeerUnavailableError) -> None:
+        log.error("%s: %s", self.task, error)
+        self._on_peer_lost(self.coordinator, str(error).split(" is unavailable: ", 1)[-1])
+
+    def _report_lost(self, peer: PeerInfo, why: str) -> None:
+        """The transport found ``peer`` lost: the others learn it from the coordinator."""
+        self._report_soon(Event(EventKind.LOST, peer.task, self.task, message=why))
+
+    def _report_abort(self, reason: str) -> None:
+        self._report_soon(Event(EventKind.ABORTED, self.task, self.task, message=reason))
+
+    def _report_soon(self, event: Event) -> None:
+        # Called on receiver and collective threads: the (bounded) call must not hold them.
+        threading.Thread(target=self._coordination.report,
+                         args=(event, Deadline.after(self.settings.report_timeout)),
+                         name="coordination-report", daemon=True).start()
+
+    def _on_failure_report(self, report: FailureReport | Event) -> None:
         error = PeerFailedError(
             f"{report.task} failed: {report.error_type}: {report.message}", task=report.task,
             error_type=report.error_type, error_message=report.message,
@@ -246,7 +372,9 @@ class TaskRuntime:
         ``settings.report_timeout``); their collectives then fail naming the root cause.
 
         When ``exc`` came from another task (a peer lost, an abort), that task is named as the
-        root cause. Never raises: peers that cannot be told find out by heartbeats.
+        root cause. The report goes to the coordination service, which every task hears from
+        within one heartbeat interval. Never raises: peers that cannot be told find out by
+        heartbeats.
         """
         if isinstance(exc, PeerFailedError) or self._peer_failure is not None:
             return  # the root cause already told everyone
@@ -257,9 +385,14 @@ class TaskRuntime:
         if transport is not None and not transport.closed:
             transport.abort(f"{error_type}: {message}" if root == self.task
                             else f"{root} failed: {error_type}: {message}")
+        deadline = Deadline.after(self.settings.report_timeout)
+        event = Event(EventKind.FAILED, root, self.task, error_type, message, exit_code)
+        if self._joined and self._coordination.report(event, deadline):
+            return
+        # No coordination service to tell (never joined, or it is gone): tell each peer.
         errors = self._control.report_failure(
-            self.peers(), Deadline.after(self.settings.report_timeout), task=root,
-            error_type=error_type, message=message, exit_code=exit_code)
+            self.peers(), deadline, task=root, error_type=error_type, message=message,
+            exit_code=exit_code)
         if errors:
             log.debug("%s: failure report not delivered to %s", self.task, errors)
 
@@ -292,6 +425,14 @@ class TaskRuntime:
             transport = self._transport
             if transport is not None:
                 transport.close(Deadline.after(2.0))
+            if self._service is not None:  # what it logged must reach the others first
+                late = self._service.drain(Deadline.after(
+                    self.settings.heartbeat_interval + self.settings.report_timeout))
+                if late:
+                    log.info("%s: %s did not hear the last events", self.task, ", ".join(late))
+            self._coordination.close(leave=self._joined)
+            if self._service is not None:
+                self._service.stop()
             self.control.stop()
             self._control.close()
             self._server.stop(grace)

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from cluster import exitcodes, lifecycle
+from cluster.errors import ClusterError, PeersNotReadyError
 from cluster.ps.store import VariableStore
 from cluster.transport import _malloc
 from cluster.transport.ps_client import SERVICE
@@ -67,6 +68,12 @@ def run(argv: list[str]) -> int:
         print(f"{rt.task}: serving the variable store on {rt.address}", file=sys.stderr,
               flush=True)
         lifecycle.watch_launcher(rt.settings.launcher_pid)
+        try:
+            rt.join()  # the coordination service: the chief waits for every task to register
+        except ClusterError as e:
+            _fail(str(e))
+            return exitcodes.EXIT_PEERS_NOT_READY if isinstance(e, PeersNotReadyError) \
+                else exitcodes.EXIT_USAGE
         rt.wait_for_shutdown()
         print(f"{rt.task}: shutting down ({rt.shutdown_reason})", file=sys.stderr, flush=True)
     except lifecycle.Terminated as e:

@@ -146,6 +146,14 @@ def run(argv: list[str]) -> int:
 
 def _serve(rt: runtime.TaskRuntime) -> int:
     try:
+        try:
+            rt.join()  # the coordination service: the chief waits for every task to register
+        except PeersNotReadyError as e:
+            _fail(str(e))
+            return exitcodes.EXIT_PEERS_NOT_READY
+        except ClusterError as e:
+            _fail(str(e))
+            return exitcodes.EXIT_USAGE
         rt.wait_for_shutdown()
         print(f"{rt.task}: shutting down ({rt.shutdown_reason})", file=sys.stderr, flush=True)
     except lifecycle.Terminated as e:

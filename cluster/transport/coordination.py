@@ -9,6 +9,9 @@ interval (no call holds a server thread between heartbeats).
 - Start-up: a task registers (naming the coordinator it expects and a digest of its cluster, so
   a task given another cluster is refused, never joined), then :meth:`CoordinationClient.wait_for`
   waits until the tasks it needs have registered.
+- Shut-down: a clean exit reports ``LEFT`` (never a loss); the coordinator's own task waits,
+  bounded, until every live task has been sent every event (:meth:`CoordinationService.drain`),
+  so a failure it reported reaches everyone before it exits.
 - Liveness: a task heartbeats every ``interval``; one silent for ``timeout`` is declared lost
   (:class:`~cluster.transport.membership.Membership`). A task that finds a peer's connection
   broken, or fails, reports it. Every reply carries the events the caller has not seen, so every
@@ -58,6 +61,7 @@ _KINDS = {
     EventKind.LOST: coordination_pb2.ClusterEvent.LOST,
     EventKind.FAILED: coordination_pb2.ClusterEvent.FAILED,
     EventKind.LEFT: coordination_pb2.ClusterEvent.LEFT,
+    EventKind.ABORTED: coordination_pb2.ClusterEvent.ABORTED,
 }
 _FROM_WIRE = {v: k for k, v in _KINDS.items()}
 
@@ -124,6 +128,18 @@ class CoordinationService:
 
     def start(self) -> None:
         self._thread.start()
+
+    def drain(self, deadline: Deadline) -> tuple[str, ...]:
+        """Wait (until ``deadline``) for every live task to have been sent every event, so a
+        failure reported to the coordinator's own task reaches them before it exits; returns
+        the tasks still not told."""
+        while True:
+            with self._lock:
+                pending = self._membership.undelivered()
+            if not pending or deadline.expired:
+                return pending
+            # Heartbeats deliver; one interval is the most a live task takes to ask again.
+            self._stopping.wait(min(self._interval / 4, deadline.remaining()))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -258,27 +274,22 @@ class CoordinationClient:
         self._thread.start()
 
     def wait_for(self, tasks: Sequence[str], deadline: Deadline,
-                 addresses: dict[str, str]) -> None:
-        """Block until every task of ``tasks`` has registered.
-
-        Raises ``PeersNotReadyError`` listing each one that had not by ``deadline`` (with its
-        address from ``addresses``), or the coordinator's loss as ``PeerUnavailableError``.
+                 check: Callable[[], None] = lambda: None) -> tuple[str, ...]:
+        """Block until every task of ``tasks`` has registered, or ``deadline``; returns the ones
+        that have not (in ``tasks`` order). ``check()`` runs at every change and may raise (a
+        failure reported meanwhile). Raises the coordinator's loss as ``PeerUnavailableError``.
         """
         wanted = set(tasks)
         with self._changed:
             while True:
                 if self._lost is not None:
                     raise self._lost
+                check()
                 if self._unregistered is not None and not wanted & set(self._unregistered):
-                    return
+                    return ()
                 if deadline.expired:
-                    pending = [t for t in tasks if self._unregistered is None
-                               or t in self._unregistered]
-                    missing = [(t, addresses.get(t, ""), "not registered") for t in pending]
-                    listed = ", ".join(f"{t} ({a}) [{s}]" for t, a, s in missing)
-                    raise PeersNotReadyError(
-                        f"{self.me}: {len(missing)} of {len(tasks)} tasks never came up: "
-                        f"{listed}", missing=missing)
+                    return tuple(t for t in tasks if self._unregistered is None
+                                 or t in self._unregistered)
                 self._changed.wait(deadline.timeout())
 
     # -- the heartbeat thread -------------------------------------------------------------------
@@ -308,10 +319,11 @@ class CoordinationClient:
             self._last_answer = time.monotonic()
             self._events_seen = reply.next_event
             self._unregistered = tuple(reply.unregistered)
-            self._changed.notify_all()
         for event in events:
             if event.task != self.me:
                 self._on_event(event)
+        with self._changed:  # after the events: a waiter re-checks what they changed
+            self._changed.notify_all()
         return HeartbeatAnswer(events, reply.next_event, tuple(reply.unregistered))
 
     def _no_answer(self, status: str) -> None:

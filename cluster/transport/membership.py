@@ -13,9 +13,9 @@ Rules:
   shutdown, which is never logged: peers learn of it from their own connections). A task is
   declared lost at most once per incarnation, and a report of its loss by a peer (a broken
   connection) counts the same.
-- Events (``LOST``, ``FAILED``) go to one append-only log; a heartbeat returns the events the
-  caller has not seen, at most ``max_events`` at a time, so a reply's size is bounded whatever
-  happened.
+- Events (``LOST``, ``FAILED``, ``ABORTED``: each at most once per task) go to one append-only
+  log; a heartbeat returns the events the caller has not seen, at most ``max_events`` at a time,
+  so a reply's size is bounded whatever happened.
 - Memory is O(tasks + events); events are few (each task is lost or fails at most once per
   incarnation), and their text is capped.
 """
@@ -34,6 +34,7 @@ class EventKind(enum.Enum):
     LOST = "LOST"
     FAILED = "FAILED"
     LEFT = "LEFT"  # a clean shutdown: the task stops heartbeating without being lost
+    ABORTED = "ABORTED"  # the task aborted its collective group
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class _Member:
     lost: bool = False
     failed: bool = False
     left: bool = False
+    aborted: bool = False
+    seen: int = 0  # events of the log this task has been sent
 
 
 @dataclass
@@ -118,7 +121,8 @@ class Membership:
             member.last_seen = now
         start = min(max(events_seen, 0), len(self._events))
         events = tuple(self._events[start:start + self.max_events])
-        return HeartbeatAnswer(events, start + len(events), self.unregistered())
+        member.seen = start + len(events)
+        return HeartbeatAnswer(events, member.seen, self.unregistered())
 
     def report(self, event: Event, now: float) -> bool:
         """A task reports ``event`` (it failed, or found a peer's connection broken); True when
@@ -133,6 +137,10 @@ class Membership:
             if member.failed:
                 return False
             member.failed = True
+        elif event.kind is EventKind.ABORTED:
+            if member.aborted:
+                return False
+            member.aborted = True
         else:
             if member.lost or member.failed:
                 return False
@@ -162,6 +170,14 @@ class Membership:
     def unregistered(self) -> tuple[str, ...]:
         """Tasks that never registered, in cluster order."""
         return tuple(t for t, m in self._members.items() if m.incarnation is None)
+
+    def undelivered(self) -> tuple[str, ...]:
+        """Live tasks (registered, not lost, failed or gone) not yet sent every event: the
+        coordinator's task waits for them (bounded) before it shuts down."""
+        total = len(self._events)
+        return tuple(t for t, m in self._members.items()
+                     if m.incarnation is not None and not (m.lost or m.failed or m.left)
+                     and m.seen < total)
 
     def lost(self) -> tuple[str, ...]:
         return tuple(t for t, m in self._members.items() if m.lost)

@@ -19,25 +19,36 @@ task's ``settings.data_plane``, ``CLUSTER_DATA_PLANE``: ``tcp``, the default, or
 - ``grpc`` (:mod:`~cluster.transport._grpc_plane`): one client-streaming ``Exchange`` call to
   each peer for the transport's whole life.
 
-Either way a rank receives on both, so tasks configured differently still interoperate. Peer loss
-is noticed four ways: the inbound connection breaks, a send fails, heartbeats stop
-(:class:`~cluster.transport.control.HeartbeatMonitor`), or a peer that lost it says so (``Abort``
-with ``lost_task``) before it closes. That last one keeps the root cause: without it, a rank
-waiting on a peer that closed because of a death would report the peer that left, not the task
-that died.
+Either way a rank receives on both, so tasks configured differently still interoperate.
+
+Connections are eager by default (``connect`` says Hello to every peer and watches each one's
+heartbeats: simple, and what a small group wants). With ``lazy=True`` (the task runtime, whose
+coordination service watches liveness) a peer's route opens when this rank first sends to it, so
+a rank holds connections only to the peers its algorithms use (ring neighbours, doubling
+partners, leaders): the per-task cost does not grow with the group. Then ``on_peer_lost`` tells
+the caller of a loss this rank found, ``on_abort`` of an abort, and
+:meth:`NetworkTransport.peer_lost` takes the losses the caller learns of.
+
+Peer loss is noticed four ways: the inbound connection breaks, a send fails, heartbeats stop
+(:class:`~cluster.transport.control.HeartbeatMonitor`, or the coordination service), or a peer
+that lost it says so (``Abort`` with ``lost_task``) before it closes. That last one keeps the
+root cause: without it, a rank waiting on a peer that closed because of a death would report the
+peer that left, not the task that died.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 import grpc
 
 from cluster.deadline import Deadline
 from cluster.errors import (
     ClusterError,
+    ClusterSpecMismatchError,
     CollectiveAbortedError,
     PeerUnavailableError,
     TransportClosedError,
@@ -76,6 +87,10 @@ class NetworkTransport(Transport):
         heartbeat_timeout: float = 5.0,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         data_plane: str = "tcp",
+        lazy: bool = False,
+        route_timeout: float = 60.0,
+        on_peer_lost: Callable[[PeerInfo, str], None] | None = None,
+        on_abort: Callable[[str], None] | None = None,
     ) -> None:
         if data_plane not in DATA_PLANES:
             raise ValueError(f"data plane ({ENV_DATA_PLANE}) must be one of "
@@ -96,6 +111,13 @@ class NetworkTransport(Transport):
         self._mailbox = Mailbox(lambda r: str(self._peers[r]))
         self._departed: set[int] = set()
         self._told_peers = False  # abort() or close() told every peer why this group failed
+        self._lazy = lazy
+        self._route_timeout = route_timeout
+        self._on_peer_lost = on_peer_lost
+        self._on_abort = on_abort
+        self._route_locks = {p.rank: threading.Lock() for p in peers}
+        self._channels_lock = threading.Lock()
+        self._failed_event = threading.Event()  # wakes a route's Hello retries on a failure
         self._channels: dict[int, grpc.Channel] = {}
         self._monitor: HeartbeatMonitor | None = None
         self._routes: dict[int, DataPlane] = {}  # the plane each peer is sent to on
@@ -130,16 +152,19 @@ class NetworkTransport(Transport):
     # -- set-up -----------------------------------------------------------------------------
 
     def connect(self, deadline: Deadline) -> None:
-        """Say Hello to every peer (retrying until each is up), then open routes and heartbeats.
+        """Eager (the default): say Hello to every peer (retrying until each is up), then open
+        routes and heartbeats. Lazy: nothing yet; each peer's route opens on first use, and
+        liveness is the caller's (the coordination service).
 
         Raises ``PeerUnavailableError`` listing every peer that never answered, with its address;
         ``UnauthenticatedError`` when a peer refuses the token; ``ClusterSpecMismatchError`` when
         a peer sees a different group.
         """
+        if self._lazy:
+            return
         others = self._others()
         for peer in others:
-            self._channels[peer.rank] = grpc.insecure_channel(peer.address,
-                                                              options=CHANNEL_OPTIONS)
+            self._channel(peer.rank)
         pending = {p.rank: p for p in others}
         data_ports: dict[int, int | None] = {}
         errors: dict[int, str] = {}
@@ -156,6 +181,9 @@ class NetworkTransport(Transport):
                         self.close()
                         raise translate(e, peer, "connect") from e
                     errors[rank] = status_name(e)
+                except ClusterSpecMismatchError:
+                    self.close()
+                    raise
             if not pending:
                 break
             if deadline.expired:
@@ -169,11 +197,7 @@ class NetworkTransport(Transport):
             wait.wait(min(backoff, deadline.remaining()))
             backoff = min(backoff * 2, 0.5)
         for peer in others:
-            if self._connect_tcp(peer, data_ports.get(peer.rank), deadline):
-                self._routes[peer.rank] = self._tcp
-            else:
-                self._grpc.open(peer, self._channels[peer.rank])
-                self._routes[peer.rank] = self._grpc
+            self._install_route(peer, data_ports.get(peer.rank), deadline, self._close_raise)
         self._monitor = HeartbeatMonitor(
             self._me, others, self._channels, self.token,
             on_lost=self._peer_lost,
@@ -182,22 +206,81 @@ class NetworkTransport(Transport):
         )
         self._monitor.start()
 
-    def _connect_tcp(self, peer: PeerInfo, port: int | None, deadline: Deadline) -> bool:
+    def _channel(self, rank: int) -> grpc.Channel:
+        with self._channels_lock:
+            channel = self._channels.get(rank)
+            if channel is None:
+                channel = self._channels[rank] = grpc.insecure_channel(
+                    self._peers[rank].address, options=CHANNEL_OPTIONS)
+            return channel
+
+    def _close_raise(self, error: ClusterError) -> NoReturn:
+        """Eager set-up gives up: the transport is unusable."""
+        self.close()
+        raise error
+
+    def _fail_raise(self, error: ClusterError) -> NoReturn:
+        """A lazy route gives up: the group has failed (naming the peer), the transport stays."""
+        self._fail(error)
+        raise error
+
+    def _install_route(self, peer: PeerInfo, port: int | None, deadline: Deadline,
+                       give_up: Callable[[ClusterError], NoReturn]) -> DataPlane:
+        """After the Hello: the TCP data connection when ``peer`` offers one, else its gRPC
+        stream; ``give_up`` ends set-up with an error."""
+        if self._connect_tcp(peer, port, deadline, give_up):
+            plane: DataPlane = self._tcp
+        else:
+            self._grpc.open(peer, self._channel(peer.rank))
+            plane = self._grpc
+        self._routes[peer.rank] = plane
+        return plane
+
+    def _open_route(self, dst: int, deadline: Deadline) -> DataPlane:
+        """Lazy mode: Hello to ``dst`` (retrying while it is not up, at most ``route_timeout``)
+        and open its route; a failure of the group meanwhile ends the wait."""
+        with self._route_locks[dst]:
+            plane = self._routes.get(dst)
+            if plane is not None:
+                return plane
+            peer = self._peers[dst]
+            bound = Deadline.after(self._route_timeout)
+            deadline = bound if bound.at < deadline.at else deadline
+            status, backoff = "no answer", 0.02
+            while True:
+                self._mailbox.check()
+                try:
+                    port = self._hello(peer, deadline)
+                    break
+                except grpc.RpcError as e:
+                    if fails_at_connect(e):
+                        self._fail_raise(translate(e, peer, "connect"))
+                    status = status_name(e)
+                except ClusterSpecMismatchError as e:
+                    self._fail_raise(e)
+                if deadline.expired:
+                    self._fail_raise(PeerUnavailableError(
+                        f"{self._me}: {peer} never answered before the deadline [{status}]",
+                        task=peer.task, address=peer.address))
+                self._failed_event.wait(min(backoff, deadline.remaining()))
+                backoff = min(backoff * 2, 0.5)
+            return self._install_route(peer, port, deadline, self._fail_raise)
+
+    def _connect_tcp(self, peer: PeerInfo, port: int | None, deadline: Deadline,
+                     give_up: Callable[[ClusterError], NoReturn]) -> bool:
         """Open the TCP data connection to ``peer``; False when gRPC must carry the data."""
         if self._tcp is None or port is None:
             return False
         host = peer.address.rsplit(":", 1)[0]
         try:
             self._tcp.connect(peer, host, port, deadline)
-        except UnauthenticatedError:
-            self.close()
-            raise
+        except UnauthenticatedError as e:
+            give_up(e)
         except (OSError, EOFError) as e:
             if deadline.expired:
-                self.close()
-                raise PeerUnavailableError(
+                give_up(PeerUnavailableError(
                     f"{self._me}: no data connection to {peer} (port {port}) before the "
-                    f"deadline: {e}", task=peer.task, address=peer.address) from e
+                    f"deadline: {e}", task=peer.task, address=peer.address))
             log.warning("%s: data port %s:%d of %s unreachable (%s); sending to it over gRPC",
                         self._me, host, port, peer, e)
             return False
@@ -205,7 +288,7 @@ class NetworkTransport(Transport):
 
     def _hello(self, peer: PeerInfo, deadline: Deadline) -> int | None:
         """Hello to ``peer``; returns its TCP data port, if it offers one."""
-        method = self._channels[peer.rank].unary_unary(
+        method = self._channel(peer.rank).unary_unary(
             f"/{SERVICE}/Hello",
             request_serializer=collective_pb2.HelloRequest.SerializeToString,
             response_deserializer=collective_pb2.HelloReply.FromString,
@@ -216,7 +299,6 @@ class NetworkTransport(Transport):
         reply, call = method.with_call(request, timeout=max(timeout, 0.05),
                                        metadata=self.token.metadata, wait_for_ready=True)
         if reply.rank != peer.rank or reply.task != peer.task:
-            self.close()
             raise spec_mismatch(
                 f"{self._me}: {peer.address} answered as {reply.task} (rank {reply.rank}), "
                 f"expected {peer.task} (rank {peer.rank})")
@@ -275,7 +357,10 @@ class NetworkTransport(Transport):
         self._mailbox.check()
         plane = self._routes.get(dst)
         if plane is None:
-            raise ValueError(f"{self._me}: no route to rank {dst} (not a peer, or not connected)")
+            if not self._lazy or not 0 <= dst < self.world_size or dst == self.rank:
+                raise ValueError(
+                    f"{self._me}: no route to rank {dst} (not a peer, or not connected)")
+            plane = self._open_route(dst, deadline)
         view = payload if isinstance(payload, bytes) else memoryview(payload).cast("B")
         try:
             plane.send(dst, key, view, signature, deadline)
@@ -311,6 +396,7 @@ class NetworkTransport(Transport):
     def _fail(self, error: ClusterError) -> None:
         if not self.closed and self._mailbox.fail(error):
             log.debug("%s: group failed: %s", self._me, error)
+        self._failed_event.set()
         for plane in self._planes:
             plane.clear_posted()  # nothing more lands in a failed collective's buffers
 
@@ -321,11 +407,25 @@ class NetworkTransport(Transport):
         self._peer_lost(peer, PeerUnavailableError(f"{peer} is unavailable: {why}",
                                                    task=peer.task, address=peer.address))
 
-    def _peer_lost(self, peer: PeerInfo, error: PeerUnavailableError) -> None:
+    def _peer_lost(self, peer: PeerInfo, error: PeerUnavailableError, *,
+                   report: bool = True) -> None:
+        first = self._mailbox.error is None
         self._fail(error)
         plane = self._routes.get(peer.rank)
         if plane is not None:
             plane.drop(peer.rank)  # a send blocked on a hung peer must not wait forever
+        if report and first and self._on_peer_lost is not None and not self.closed:
+            self._on_peer_lost(peer, str(error))  # others learn the root cause from it
+
+    def peer_lost(self, task: str, why: str) -> None:
+        """``task`` is lost, as the caller learnt elsewhere (the coordination service): fail
+        the group naming it. Ignored for a task outside the group, or a closed transport."""
+        peer = next((p for p in self._peers if p.task == task), None)
+        if peer is None or peer.rank == self.rank or self.closed:
+            return
+        self._peer_lost(peer, PeerUnavailableError(f"{peer} is unavailable: {why}",
+                                                   task=peer.task, address=peer.address),
+                        report=False)
 
     def lost_by_peer(self, task: str, reason: str, lost_task: str, lost_address: str) -> None:
         """``task`` found ``lost_task`` dead and is leaving: this rank has lost it too."""
@@ -342,7 +442,9 @@ class NetworkTransport(Transport):
         """Start an Abort call to every peer not in ``skip``; the caller waits on them."""
         self._told_peers = True
         calls = []
-        for rank, channel in self._channels.items():
+        with self._channels_lock:
+            channels = list(self._channels.items())
+        for rank, channel in channels:
             if rank in skip:
                 continue
             method = channel.unary_unary(
@@ -385,9 +487,11 @@ class NetworkTransport(Transport):
         if self.closed:
             return
         request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
-        calls = self._tell_peers(request, 2.0)
+        calls = self._tell_peers(request, 2.0)  # lazy: only the peers this rank talked to
         self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
                                           task=self._me.task))
+        if self._on_abort is not None:
+            self._on_abort(reason)  # and the caller tells the rest
         self._wait_told(calls)
 
     def check(self) -> None:
