@@ -15,8 +15,9 @@ Both run under ``multiprocessing``'s spawn context and talk to the bench over a 
   :meth:`CoordinationClient.register`), then heartbeats on the real client's schedule (every
   ``join_poll`` s until the reply's ``unregistered`` is empty, then every ``interval``), each
   sleep scaled by ``U(1 - jitter, 1 + jitter)``, the first one by ``U(0, 1)`` (tasks do not start
-  in step). Commands: ``("go",)``, ``("window", t0, t1)``, ``("stop", names)``,
-  ``("detect", names, until)``, ``("quit",)``; see :func:`clients_main`.
+  in step), and with ``spread`` the first one after joining too. Commands: ``("go",)``,
+  ``("mark", t)``, ``("window", t0, t1)``, ``("stop", names)``, ``("detect", names, until)``,
+  ``("quit",)``; see :func:`clients_main`.
 
 Times are ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for every process on the host).
 """
@@ -261,6 +262,9 @@ class _Task:
                 self.joined = True
                 o.joined += 1
                 o.joined_at = max(o.joined_at, done)
+                # Every task sees the cluster complete within one poll, so without this they
+                # beat in step from then on: a burst of N calls every interval.
+                first = o.spread
 
 
 class _Clients:
@@ -268,7 +272,7 @@ class _Clients:
 
     def __init__(self, names: list[str], address: str, coordinator: str, digest: bytes,
                  token: str, interval: float, jitter: float, join_poll: float,
-                 ramp: float) -> None:
+                 ramp: float, spread: bool) -> None:
         from cluster.transport.auth import Token
         from cluster.transport.server import CHANNEL_OPTIONS
 
@@ -280,6 +284,7 @@ class _Clients:
         self.jitter = jitter
         self.join_poll = join_poll
         self.ramp = ramp
+        self.spread = spread
         self.channel_options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
         self.beats: list[tuple[float, float]] = []
         self.failures: list[float] = []
@@ -372,7 +377,7 @@ async def _detect(clients: _Clients, names: list[str], until: float) -> dict:
 
 def clients_main(conn, names: list[str], address: str, coordinator: str, digest: bytes,
                  token: str, interval: float, jitter: float, join_poll: float,
-                 ramp: float, join_timeout: float) -> None:
+                 ramp: float, spread: bool, join_timeout: float) -> None:
     """Emulate ``names`` until told ``("quit",)``; sends ``("ready",)`` once the channels exist.
 
     After ``("go",)`` it sends ``("registered", count, last_at)`` and ``("joined", count,
@@ -382,7 +387,7 @@ def clients_main(conn, names: list[str], address: str, coordinator: str, digest:
 
     async def main() -> None:
         clients = _Clients(names, address, coordinator, digest, token, interval, jitter,
-                           join_poll, ramp)
+                           join_poll, ramp, spread)
         conn.send(("ready",))
         await _commands(conn, clients, time.monotonic() + join_timeout)
 

@@ -56,7 +56,7 @@ from bench._coord_emul import (  # noqa: E402
 from cluster.transport.coordination import cluster_digest  # noqa: E402
 
 TOKEN = "bench-coordination-token"
-START_DEADLINE = 60.0  # s: processes up, channels made
+START_DEADLINE = 180.0  # s: processes up, channels made (slow on a loaded machine)
 
 
 class PhaseTimeout(RuntimeError):
@@ -154,7 +154,8 @@ def run_one(n: int, interval: float, timeout: float, args: argparse.Namespace) -
             proc = ctx.Process(
                 target=clients_main, name=f"clients-{p}",
                 args=(child, names[p::nprocs], address, me, digest, TOKEN, interval,
-                      args.jitter, args.join_poll, args.ramp, args.join_timeout))
+                      args.jitter, args.join_poll, args.ramp, args.spread,
+                      args.join_timeout))
             proc.start()
             child.close()
             procs.append(proc)
@@ -300,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="heartbeat period until all joined (the real client's: 0.1 s)")
     parser.add_argument("--ramp", type=float, default=0.0,
                         help="tasks start registering at U(0, ramp) s after go (process starts)")
+    parser.add_argument("--spread", action="store_true",
+                        help="after joining, wait U(0, interval) once (the real client beats in "
+                             "step with every other task from the join on)")
     parser.add_argument("--join-timeout", type=float, default=180.0, help="join deadline (s)")
     parser.add_argument("--warmup", type=float, default=3.0, help="s after join, not measured")
     parser.add_argument("--window", type=float, default=10.0, help="s of steady state measured")
@@ -321,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     print(f"cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, client processes: "
           f"{args.procs}, jitter {args.jitter:g}, join poll {args.join_poll:g} s, ramp "
-          f"{args.ramp:g} s, window {args.window:g} s (one run per N)")
+          f"{args.ramp:g} s, spread {args.spread}, window {args.window:g} s (one run per N)")
     print(format_rows(rows))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
