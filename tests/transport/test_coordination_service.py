@@ -1,0 +1,152 @@
+"""The coordination service over real gRPC on loopback: a few clients, one service.
+
+Start-up (register, wait for everyone), events reaching every task, a silent task declared lost
+to every other task within ``timeout + 1.5 interval`` (plus slack for a loaded machine), a task
+given another cluster refused, and a dead coordinator detected by every client. Scale figures
+are in ``bench/coordination.py``, never here.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cluster.deadline import Deadline
+from cluster.errors import ClusterSpecMismatchError, PeerUnavailableError
+from cluster.transport.coordination import (
+    SERVICE,
+    CoordinationClient,
+    CoordinationService,
+    cluster_digest,
+)
+from cluster.transport.membership import Event, EventKind
+from cluster.transport.server import TaskServer
+
+from .conftest import TOKEN
+
+pytestmark = pytest.mark.timeout(60)
+
+TASKS = ["chief:0", "worker:0", "worker:1", "worker:2"]
+INTERVAL = 0.2
+# Long enough that a live task's heartbeat thread, starved on a loaded 2-core machine, is not
+# taken for a silent one; the tests wait for the timeout only where a loss is the point.
+TIMEOUT = 2.0
+SLACK = 5.0  # s: generous upper bounds; the lower bounds are exact
+
+
+class Cluster:
+    """A service on a TaskServer and one client per task, all in this process."""
+
+    def __init__(self, tasks: list[str] = TASKS) -> None:
+        self.tasks = tasks
+        self.addresses = {t: f"127.0.0.1:{30000 + i}" for i, t in enumerate(tasks)}
+        self.digest = cluster_digest(list(self.addresses.items()))
+        self.server = TaskServer("127.0.0.1:0", TOKEN)
+        self.service = CoordinationService(tasks[0], tasks, self.digest, interval=INTERVAL,
+                                           timeout=TIMEOUT)
+        self.server.add_handlers(SERVICE, self.service.handlers())
+        self.server.start()
+        self.service.start()
+        self.events: dict[str, queue.Queue[tuple[float, Event]]] = {}
+        self.lost: dict[str, queue.Queue[tuple[float, PeerUnavailableError]]] = {}
+        self.clients: dict[str, CoordinationClient] = {}
+
+    def client(self, task: str, digest: bytes | None = None) -> CoordinationClient:
+        events: queue.Queue = queue.Queue()
+        lost: queue.Queue = queue.Queue()
+        client = CoordinationClient(
+            task, incarnation=hash(task) & 0xFFFF, coordinator=(self.tasks[0], self.server.address),
+            digest=self.digest if digest is None else digest, token=TOKEN, interval=INTERVAL,
+            timeout=TIMEOUT, on_event=lambda e: events.put((time.monotonic(), e)),
+            on_coordinator_lost=lambda e: lost.put((time.monotonic(), e)))
+        self.events[task], self.lost[task], self.clients[task] = events, lost, client
+        return client
+
+    def join_all(self) -> None:
+        for task in self.tasks:
+            self.client(task).register(Deadline.after(10))
+            self.clients[task].start()
+        for client in self.clients.values():
+            client.wait_for(self.tasks, Deadline.after(10), self.addresses)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close(leave=False, deadline=Deadline.after(1))
+        self.service.stop()
+        self.server.stop(0)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    yield c
+    c.close()
+
+
+def _next(q: queue.Queue, seconds: float):
+    try:
+        return q.get(timeout=seconds)
+    except queue.Empty:
+        pytest.fail(f"nothing arrived within {seconds} s")
+
+
+def test_every_task_registers_and_a_reported_failure_reaches_every_other_task(cluster) -> None:
+    cluster.join_all()
+    failed = Event(EventKind.FAILED, "worker:1", reporter="worker:1", error_type="ValueError",
+                   message="bad batch", exit_code=1)
+    assert cluster.clients["worker:1"].report(failed, Deadline.after(5))
+    for task in cluster.tasks:
+        if task == "worker:1":
+            continue
+        _, event = _next(cluster.events[task], SLACK)
+        assert (event.kind, event.task, event.error_type, event.exit_code) == (
+            EventKind.FAILED, "worker:1", "ValueError", 1)
+        assert "bad batch" in event.message
+    assert cluster.events["worker:1"].empty()  # a task is not told about itself
+
+
+def test_a_silent_task_is_declared_lost_to_every_other_task_within_the_bound(cluster) -> None:
+    cluster.join_all()
+    silent = cluster.clients.pop("worker:2")
+    stopped = time.monotonic()
+    silent.close(leave=False)  # no goodbye: to the service, the task just went quiet
+    for task in cluster.clients:
+        at, event = _next(cluster.events[task], TIMEOUT + 1.5 * INTERVAL + SLACK)
+        assert (event.kind, event.task) == (EventKind.LOST, "worker:2")
+        assert "no heartbeat" in event.message
+        assert at > stopped  # never while it was still heartbeating
+    assert all(cluster.lost[t].empty() for t in cluster.clients)
+
+
+def test_a_clean_departure_is_not_reported_as_a_loss(cluster) -> None:
+    cluster.join_all()
+    cluster.clients.pop("worker:0").close(leave=True, deadline=Deadline.after(5))
+    time.sleep(TIMEOUT + 4 * INTERVAL)  # let the expiry clock pass the timeout: nothing may come
+    assert all(cluster.events[t].empty() for t in cluster.clients)
+
+
+def test_a_task_given_another_cluster_is_refused(cluster) -> None:
+    other = cluster_digest([("chief:0", "10.0.0.1:2222")])
+    with pytest.raises(ClusterSpecMismatchError, match="worker:1"):
+        cluster.client("worker:1", digest=other).register(Deadline.after(10))
+
+
+def test_a_task_not_in_the_cluster_is_refused(cluster) -> None:
+    cluster.tasks = [*TASKS, "worker:9"]  # the client believes in a task the service lacks
+    with pytest.raises(ClusterSpecMismatchError, match="worker:9"):
+        cluster.client("worker:9").register(Deadline.after(10))
+
+
+def test_a_dead_coordinator_is_detected_by_every_task(cluster) -> None:
+    cluster.join_all()
+    stopped = time.monotonic()
+    cluster.server.stop(0)
+    cluster.service.stop()
+    for task in cluster.tasks:
+        at, error = _next(cluster.lost[task], TIMEOUT + INTERVAL + SLACK)
+        assert isinstance(error, PeerUnavailableError)
+        assert error.task == "chief:0" and "coordination service" in str(error)
+        assert at > stopped
