@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ from cluster.transport.membership import (
     Membership,
     UnknownTaskError,
 )
-from cluster.transport.server import CHANNEL_OPTIONS
+from cluster.transport.server import CONTROL_CHANNEL_OPTIONS
 
 __all__ = [
     "SERVICE",
@@ -175,7 +176,8 @@ class CoordinationService:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         return coordination_pb2.CoordinationHeartbeatReply(
             events=[_to_wire(e) for e in answer.events], next_event=answer.next_event,
-            unregistered=answer.unregistered, coordinator_incarnation=self.incarnation)
+            unregistered=answer.unregistered, unregistered_count=answer.unregistered_count,
+            coordinator_incarnation=self.incarnation)
 
     def _report(self, request, context):
         event = _from_wire(request.event)
@@ -212,7 +214,8 @@ class CoordinationClient:
         self._timeout = timeout
         self._on_event = on_event
         self._on_lost = on_coordinator_lost
-        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        # Small messages only: no bulk-transfer buffers (they cost ~250 KiB per connection).
+        self._channel = grpc.insecure_channel(self.address, options=CONTROL_CHANNEL_OPTIONS)
         self._register_call = self._method("Register", coordination_pb2.RegisterRequest,
                                            coordination_pb2.RegisterReply)
         self._heartbeat_call = self._method(
@@ -223,7 +226,9 @@ class CoordinationClient:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._events_seen = 0
-        self._unregistered: tuple[str, ...] | None = None  # None: no answer yet
+        # Not registered yet, as the last reply said: (first names, count); None: no answer yet.
+        self._unregistered: tuple[tuple[str, ...], int] | None = None
+        self._tasks = 1  # the cluster's size, for the join poll; set by wait_for
         self._last_answer = time.monotonic()
         self._lost: PeerUnavailableError | None = None
         self._stopping = threading.Event()
@@ -280,29 +285,45 @@ class CoordinationClient:
         failure reported meanwhile). Raises the coordinator's loss as ``PeerUnavailableError``.
         """
         wanted = set(tasks)
+        self._tasks = max(self._tasks, len(tasks) + 1)
         with self._changed:
             while True:
                 if self._lost is not None:
                     raise self._lost
                 check()
-                if self._unregistered is not None and not wanted & set(self._unregistered):
-                    return ()
+                known = self._unregistered
+                if known is not None:
+                    names, count = known
+                    if count == 0 or (count == len(names) and not wanted & set(names)):
+                        return ()
                 if deadline.expired:
-                    return tuple(t for t in tasks if self._unregistered is None
-                                 or t in self._unregistered)
+                    if known is None:
+                        return tuple(tasks)
+                    listed = tuple(t for t in tasks if t in known[0])
+                    # More are missing than a reply lists: which of ``tasks`` is unknown.
+                    return listed or (tuple(tasks) if known[1] > len(known[0]) else ())
                 self._changed.wait(deadline.timeout())
 
     # -- the heartbeat thread -------------------------------------------------------------------
 
     def _period(self) -> float:
-        # Until everyone has registered, ask more often: the start-up barrier waits on it.
-        if self._unregistered is None or self._unregistered:
-            return min(self._interval, 0.1)
-        return self._interval
+        """Until everyone has registered, ask more often (the start-up barrier waits on it), but
+        no more than ~2000 calls/s for the whole cluster; then every interval, jittered by 10%
+        so that tasks which joined together do not beat together."""
+        known = self._unregistered
+        if known is None or known[1]:
+            return min(self._interval, max(0.1, self._tasks / 2000))
+        return self._interval * random.uniform(0.9, 1.1)
 
     def _run(self) -> None:
+        joined = False
         while not self._stopping.wait(self._period()):
             self.beat()
+            known = self._unregistered
+            if not joined and known is not None and known[1] == 0:
+                joined = True  # start the steady beat at a random phase: no bursts of N calls
+                if self._stopping.wait(self._interval * random.random()):
+                    return
 
     def beat(self) -> HeartbeatAnswer | None:
         """One heartbeat (the thread calls this); events are handed to ``on_event``."""
@@ -318,13 +339,14 @@ class CoordinationClient:
         with self._changed:
             self._last_answer = time.monotonic()
             self._events_seen = reply.next_event
-            self._unregistered = tuple(reply.unregistered)
+            self._unregistered = (tuple(reply.unregistered), reply.unregistered_count)
         for event in events:
             if event.task != self.me:
                 self._on_event(event)
         with self._changed:  # after the events: a waiter re-checks what they changed
             self._changed.notify_all()
-        return HeartbeatAnswer(events, reply.next_event, tuple(reply.unregistered))
+        return HeartbeatAnswer(events, reply.next_event, tuple(reply.unregistered),
+                               reply.unregistered_count)
 
     def _no_answer(self, status: str) -> None:
         with self._changed:

@@ -51,12 +51,13 @@ class Event:
 
 @dataclass(frozen=True)
 class HeartbeatAnswer:
-    """What a heartbeat returns: new events, the caller's next ``events_seen``, and the tasks
-    that have not registered yet."""
+    """What a heartbeat returns: new events, the caller's next ``events_seen``, the first
+    ``max_listed`` tasks that have not registered yet, and how many have not."""
 
     events: tuple[Event, ...]
     next_event: int
     unregistered: tuple[str, ...]
+    unregistered_count: int = 0
 
 
 class UnknownTaskError(ValueError):
@@ -81,7 +82,9 @@ class Membership:
     tasks: tuple[str, ...]
     timeout: float
     max_events: int = 256
+    max_listed: int = 64
     _members: dict[str, _Member] = field(init=False)
+    _waiting: int = field(init=False, default=0)  # tasks never registered: no scan per beat
     _events: list[Event] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -90,6 +93,7 @@ class Membership:
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("tasks must be distinct")
         self._members = {t: _Member() for t in self.tasks}
+        self._waiting = len(self.tasks)
 
     def _member(self, task: str) -> _Member:
         member = self._members.get(task)
@@ -102,6 +106,8 @@ class Membership:
     def register(self, task: str, incarnation: int, now: float) -> None:
         """``task`` (re)joins with ``incarnation``; raises :class:`UnknownTaskError`."""
         member = self._member(task)
+        if member.incarnation is None:
+            self._waiting -= 1
         if member.incarnation != incarnation:
             self._members[task] = _Member(incarnation, now)
         else:
@@ -122,7 +128,8 @@ class Membership:
         start = min(max(events_seen, 0), len(self._events))
         events = tuple(self._events[start:start + self.max_events])
         member.seen = start + len(events)
-        return HeartbeatAnswer(events, member.seen, self.unregistered())
+        listed = self.unregistered()[:self.max_listed] if self._waiting else ()
+        return HeartbeatAnswer(events, member.seen, listed, self._waiting)
 
     def report(self, event: Event, now: float) -> bool:
         """A task reports ``event`` (it failed, or found a peer's connection broken); True when

@@ -10,7 +10,8 @@ import grpc
 
 from cluster.transport.auth import Token, TokenInterceptor
 
-__all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers", "TaskServer"]
+__all__ = ["CHANNEL_OPTIONS", "CONTROL_CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers",
+           "TaskServer"]
 
 ServiceHandlers = Mapping[str, Mapping[str, grpc.RpcMethodHandler]]
 """More services of a task: ``{service name: {method: handler}}``."""
@@ -34,6 +35,14 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", _UNLIMITED),
     ("grpc.max_send_message_length", _UNLIMITED),
     *_BULK_OPTIONS,
+)
+# Control-plane channels (heartbeats, registration): small messages, so no bulk buffers, which
+# cost ~250 KiB per connection on each side (measured with 256 connections).
+CONTROL_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
 )
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", _UNLIMITED),

@@ -98,3 +98,17 @@ def test_a_reported_message_is_capped() -> None:
     m = _joined()
     m.report(Event(EventKind.FAILED, "worker:0", message="x" * 100_000), now=0.0)
     assert len(m.events[0].message) <= 2000
+
+
+def test_a_reply_lists_at_most_max_listed_unregistered_tasks_and_counts_them_all() -> None:
+    tasks = tuple(f"worker:{i}" for i in range(10))
+    m = Membership(tasks, timeout=5.0, max_listed=3)
+    m.register("worker:0", 1, now=0.0)
+    answer = m.heartbeat("worker:0", 1, 0, now=0.0)
+    assert answer.unregistered == ("worker:1", "worker:2", "worker:3")
+    assert answer.unregistered_count == 9
+    for i, task in enumerate(tasks):
+        m.register(task, i + 1, now=0.0)
+    m.register("worker:4", 99, now=0.0)  # a restart counts once
+    answer = m.heartbeat("worker:0", 1, 0, now=0.0)
+    assert answer.unregistered == () and answer.unregistered_count == 0

@@ -62,16 +62,18 @@ class CoordinationHeartbeatRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., incarnation: _Optional[int] = ..., events_seen: _Optional[int] = ...) -> None: ...
 
 class CoordinationHeartbeatReply(_message.Message):
-    __slots__ = ("events", "next_event", "unregistered", "coordinator_incarnation")
+    __slots__ = ("events", "next_event", "unregistered", "coordinator_incarnation", "unregistered_count")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_FIELD_NUMBER: _ClassVar[int]
     UNREGISTERED_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTERED_COUNT_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
     next_event: int
     unregistered: _containers.RepeatedScalarFieldContainer[str]
     coordinator_incarnation: int
-    def __init__(self, events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., next_event: _Optional[int] = ..., unregistered: _Optional[_Iterable[str]] = ..., coordinator_incarnation: _Optional[int] = ...) -> None: ...
+    unregistered_count: int
+    def __init__(self, events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., next_event: _Optional[int] = ..., unregistered: _Optional[_Iterable[str]] = ..., coordinator_incarnation: _Optional[int] = ..., unregistered_count: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("event",)
