@@ -213,6 +213,7 @@ class GrpcDataPlane:
     def drop(self, rank: int) -> None:
         pass  # a lost peer's stream fails by itself; a send blocked on it is woken then
 
-    def close(self, deadline: Deadline) -> None:
+    def close(self, deadline: Deadline, lost: str = "") -> None:
+        # A stream's end carries no reason: the transport's Abort (with lost_task) says it.
         for outbox in self._outboxes.values():
             outbox.close(deadline)

@@ -19,7 +19,9 @@ before it reads a single frame and closes the connection on any mismatch; the co
 the server MAC before it sends any data, so it never talks to an impostor.
 
 Frames: ``FRAME`` header (kind, lengths, key fields, payload size), then the group name and
-signature (UTF-8), then the payload bytes. ``BYE`` (no payload) ends a connection cleanly.
+signature (UTF-8), then the payload bytes. ``BYE`` (no payload) ends a connection cleanly; its
+group field, when not empty, names the task the sender lost and is leaving because of (so the
+receiver blames that task, not the sender, whatever else arrives first).
 """
 
 from __future__ import annotations
@@ -119,6 +121,6 @@ def decode_header(raw: bytes | memoryview) -> Header:
         raise WireError("frame names are too long")
     if header.nbytes > MAX_PAYLOAD_BYTES:
         raise WireError(f"frame payload of {header.nbytes} bytes is beyond any real message")
-    if header.kind == BYE and (header.nbytes or header.group_len or header.signature_len):
+    if header.kind == BYE and (header.nbytes or header.signature_len):
         raise WireError("goodbye frame with a body")
     return header

@@ -57,6 +57,8 @@ class DataPlane(Protocol):
         """Cut the route to a peer found lost, waking a send blocked on it."""
         ...
 
-    def close(self, deadline: Deadline) -> None:
-        """Say goodbye to every peer, stop receiving, end every thread by ``deadline``."""
+    def close(self, deadline: Deadline, lost: str = "") -> None:
+        """Say goodbye to every peer, stop receiving, end every thread by ``deadline``;
+        ``lost`` names the task this rank leaves because of (a plane that can say so in its
+        goodbye does; the others rely on the transport's Abort)."""
         ...

@@ -132,7 +132,7 @@ class NetworkTransport(Transport):
                 endpoint.server.address.rsplit(":", 1)[0],
                 on_message=self._mailbox.put,
                 on_lost=self._peer_lost_by_rank,
-                on_departed=self.peer_departed,
+                on_departed=self._tcp_departed,
             )
         self._planes: tuple[DataPlane, ...] = tuple(
             p for p in (self._tcp, self._grpc) if p is not None)
@@ -346,6 +346,13 @@ class NetworkTransport(Transport):
             f"{peer} left the group (closed its transport) while this rank still expected data "
             "from it", task=peer.task, address=peer.address))
 
+    def _tcp_departed(self, src: int, lost: str) -> None:
+        if lost:  # it left because it lost ``lost``: so have we
+            peer = self._peers[src]
+            self.lost_by_peer(peer.task, f"its goodbye says it lost {lost}", lost, "")
+        else:
+            self.peer_departed(src)
+
     def aborted_by_peer(self, task: str, reason: str) -> None:
         self._fail(CollectiveAbortedError(f"{task} aborted the group: {reason}", task=task))
 
@@ -463,18 +470,27 @@ class NetworkTransport(Transport):
             except grpc.RpcError:
                 pass  # a peer that is gone cannot be told; its own detection covers it
 
-    def _pass_on_loss(self, deadline: Deadline) -> None:
-        """Before this rank's goodbye: if its group failed because a peer died, tell the others.
+    def _lost_cause(self) -> PeerInfo | None:
+        """The peer whose death failed this rank's group, if that is why it failed."""
+        error = self._mailbox.error
+        if not isinstance(error, PeerUnavailableError):
+            return None
+        lost = next((p for p in self._peers if p.task == error.task), None)
+        if lost is None or lost.rank in self._departed or lost.rank == self.rank:
+            return None  # departed: it left, nobody died
+        return lost
+
+    def _pass_on_loss(self, deadline: Deadline, lost: PeerInfo | None) -> None:
+        """Before this rank's goodbye: if its group failed because ``lost`` died, tell the
+        others.
 
         A goodbye reads as "left the group", so a rank waiting on this one would otherwise name
         this rank, not the task that died. Each call is acknowledged only once the receiver's
-        group has failed, so every peer that answers holds the root cause before the goodbye.
+        group has failed, so every peer that answers holds the root cause before the goodbye;
+        the TCP goodbye names ``lost`` too, so a late ack changes nothing there.
         """
         error = self._mailbox.error
-        if self._told_peers or not isinstance(error, PeerUnavailableError):
-            return
-        lost = next((p for p in self._peers if p.task == error.task), None)
-        if lost is None or lost.rank in self._departed:  # departed: it left, nobody died
+        if self._told_peers or lost is None:
             return
         request = collective_pb2.AbortRequest(task=self._me.task, reason=str(error),
                                               lost_task=lost.task, lost_address=lost.address)
@@ -501,11 +517,12 @@ class NetworkTransport(Transport):
         if self.closed:
             return
         deadline = deadline or Deadline.after(5.0)
-        self._pass_on_loss(deadline)  # before any goodbye, which peers would take as the cause
+        lost = self._lost_cause()
+        self._pass_on_loss(deadline, lost)  # before any goodbye, which peers take as the cause
         if self._monitor is not None:
             self._monitor.close()
         for plane in self._planes:
-            plane.close(deadline)
+            plane.close(deadline, lost.task if lost is not None else "")
         self.closed = True
         self._mailbox.close()
         for channel in self._channels.values():

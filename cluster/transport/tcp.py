@@ -102,13 +102,15 @@ class _Outbound:
             f"sending to {self.peer} for collective #{key.seq} of group {key.group!r}: peer not "
             "receiving before the deadline")
 
-    def goodbye(self, deadline: Deadline) -> None:
-        """Send the goodbye frame (if the stream is whole) and close, within ``deadline``."""
+    def goodbye(self, deadline: Deadline, lost: str = "") -> None:
+        """Send the goodbye frame (if the stream is whole) and close, within ``deadline``;
+        ``lost`` names the task this rank is leaving because of, if any."""
         if self.lock.acquire(timeout=min(deadline.remaining(), 1.0)):
             try:
                 if self.error is None:
                     self.sock.settimeout(max(min(deadline.remaining(), 1.0), 0.01))
-                    self.sock.sendall(wire.encode_header(wire.BYE, b"", b"", 0, 0, 0, 0))
+                    self.sock.sendall(wire.encode_header(wire.BYE, lost.encode(), b"", 0, 0, 0,
+                                                         0))
                     self.error = TransportClosedError(f"connection to {self.peer} is closed")
             except OSError:
                 pass  # a peer that is gone needs no goodbye
@@ -129,7 +131,8 @@ class TcpDataPlane:
     the rank advertises in its authenticated Hello reply, and :meth:`connect` opens a route.
 
     ``on_message(src, key, received)`` files a delivered message; ``on_lost(src, why)`` and
-    ``on_departed(src)`` report an inbound connection that broke or said goodbye. Callbacks run
+    ``on_departed(src, lost)`` report an inbound connection that broke or said goodbye (``lost``:
+    the task the peer named as the reason it left, or ""). Callbacks run
     on receiver threads.
     """
 
@@ -144,7 +147,7 @@ class TcpDataPlane:
         *,
         on_message: Callable[[int, MessageKey, Received], None],
         on_lost: Callable[[int, str], None],
-        on_departed: Callable[[int], None],
+        on_departed: Callable[[int, str], None],
     ) -> None:
         self._me = me
         self._peers = peers
@@ -279,13 +282,13 @@ class TcpDataPlane:
                 log.warning("%s: refused a data connection: %s", self._me, e)
                 return
             try:
-                self._receive(conn, src)
+                lost = self._receive(conn, src)
             except Exception as e:  # EOF, reset, bad frame, no memory: never die silently
                 if not self._closing.is_set():
                     self._on_lost(src, f"its data connection broke ({type(e).__name__}: {e})")
                 return
             if not self._closing.is_set():
-                self._on_departed(src)
+                self._on_departed(src, lost)
         finally:
             with self._lock:
                 self._accepted.discard(conn)
@@ -319,8 +322,9 @@ class TcpDataPlane:
         conn.settimeout(None)  # the receiver waits for data for as long as the group lives
         return src
 
-    def _receive(self, conn: socket.socket, src: int) -> None:
-        """Deliver frames from ``src`` until its goodbye; raises on EOF, reset or bad bytes."""
+    def _receive(self, conn: socket.socket, src: int) -> str:
+        """Deliver frames from ``src`` until its goodbye; returns the task the goodbye names
+        ("" for none); raises on EOF, reset or bad bytes."""
         reader = Reader(conn)
         groups: dict[bytes, str] = {}
         deliver = self._on_message
@@ -329,7 +333,7 @@ class TcpDataPlane:
         while True:
             h = wire.decode_header(reader.take(size))
             if h.kind == wire.BYE:
-                return
+                return bytes(reader.take(h.group_len)).decode("utf-8", "replace")
             names = bytes(reader.take(h.group_len + h.signature_len))
             raw_group = names[:h.group_len]
             group = groups.get(raw_group)
@@ -350,11 +354,12 @@ class TcpDataPlane:
 
     # -- life ------------------------------------------------------------------------------------
 
-    def close(self, deadline: Deadline) -> None:
-        """Say goodbye on every outbound connection, stop accepting, end every thread."""
+    def close(self, deadline: Deadline, lost: str = "") -> None:
+        """Say goodbye on every outbound connection (naming ``lost``, the task this rank leaves
+        because of, if any), stop accepting, end every thread."""
         self._closing.set()
         for out in list(self._outbound.values()):
-            out.goodbye(deadline)
+            out.goodbye(deadline, lost)
         shutdown(self._listener)
         self._listener.close()
         with self._lock:

@@ -12,6 +12,7 @@ from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.testing import run_group
 from cluster.transport.api import MessageKey
+from cluster.transport.network import NetworkTransport
 
 from .conftest import NetworkGroup
 
@@ -95,3 +96,20 @@ def test_processes_exchange_over_authenticated_grpc() -> None:
     outcomes = run_group(_echo_sum, 3, env={"CLUSTER_TOKEN": "per-run-secret"}, timeout=45)
     assert [o.ok for o in outcomes] == [True] * 3, [o.traceback for o in outcomes]
     assert [o.result for o in outcomes] == [2 * 4 * 3, 0 * 4 * 3, 1 * 4 * 3]
+
+
+def test_a_tcp_goodbye_names_the_lost_task_even_when_the_abort_is_not_heard(monkeypatch) -> None:
+    # Under load the Abort that passes the loss on can be acknowledged too late (or not at all):
+    # the TCP goodbye itself then names the task that died, so the order does not matter.
+    monkeypatch.setattr(NetworkTransport, "_tell_peers", lambda self, *a, **k: [])
+    group = NetworkGroup(3, data_plane="tcp")
+    try:
+        a, b, _ = group.transports
+        b._peer_lost_by_rank(2, "its data connection broke")
+        b.close()
+        with pytest.raises(PeerUnavailableError, match=r"^worker:2 \(127\.0\.0\.1:") as info:
+            a.recv(1, MessageKey("g", 0, 0), deadline=Deadline.after(5))
+        assert info.value.task == "worker:2"
+        assert "goodbye says it lost worker:2" in str(info.value)
+    finally:
+        group.close()
