@@ -138,14 +138,20 @@ class StrategyExtended:
         return [to_array(v)[0] for v in values]
 
     def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
-        """``op`` of a leaf over every replica of every worker: one array (same on all ranks)."""
-        components = self._components(value, op.value)
+        """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
+
+        A plain value is every local replica's value for MEAN (its mean is itself, as TF's
+        ``reduce_non_distributed_value``); SUM of it needs a single local replica."""
+        if op is ReduceOp.MEAN:
+            components = self._components_any(value, op.value)
+        else:
+            components = self._components(value, op.value)
         return self._cross_device_ops.batch_reduce_components(
             op, [components], self._num_replicas_in_sync, self._options)[0][0]
 
     def _first_replica_value(self, value: Any) -> Any:
         """Global replica 0's component of a leaf, on every worker."""
-        first = self._components(value, "ONLY_FIRST_REPLICA")[0]
+        first = self._components_any(value, "ONLY_FIRST_REPLICA")[0]
         return self._cross_device_ops.broadcast_from_first(first, self._options)
 
     def _all_reduce_nest(self, op: ReduceOp, value: Any, options: Any) -> Any:

@@ -243,3 +243,25 @@ def test_other_aggregations_and_floating_means_are_created(initial, aggregation)
     with strategy.scope():
         v = cluster.Variable(initial, aggregation=aggregation)
     assert isinstance(v, cluster.strategies.MirroredVariable) and v.aggregation is aggregation
+
+
+# -- item 3's sibling: a plain value written to a mirrored variable inside run --------------------
+
+@pytest.mark.parametrize("make", [two, central, multi_worker])
+@pytest.mark.parametrize("aggregation", ["MEAN", "ONLY_FIRST_REPLICA"])
+def test_plain_value_writes_follow_tensorflow(make, aggregation):
+    strategy = make()
+    with strategy.scope():
+        v = cluster.Variable(1.0, aggregation=aggregation)
+    strategy.run(lambda: v.assign_add(1.0))  # TF: the mean (or first) of 1.0 everywhere is 1.0
+    assert float(v.numpy()) == 2.0
+    strategy.run(lambda: v.assign(0.0))
+    assert float(v.numpy()) == 0.0
+
+
+def test_plain_value_sum_write_over_two_replicas_raises_value_error():
+    strategy = two()
+    with strategy.scope():
+        v = cluster.Variable(1.0, aggregation="SUM")
+    with pytest.raises(ValueError, match="non-DistributedValues"):  # as TF
+        strategy.run(lambda: v.assign_add(1.0))
