@@ -19,6 +19,7 @@ from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import CrossDeviceOps
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
+from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
 from cluster.strategies._variables import (
     DistributedVariable,
@@ -43,7 +44,7 @@ from cluster.variables import (
     validate_options,
 )
 
-__all__ = ["Strategy", "StrategyExtended", "ValueContext", "is_floating", "require_cross_replica"]
+__all__ = ["Strategy", "StrategyExtended", "ValueContext"]
 
 
 class ValueContext:
@@ -317,44 +318,8 @@ def _plain_variable(array: Any, name: str) -> Variable:
     return variable
 
 
-def is_floating(dtype: Any) -> bool:
-    """TF's ``dtype.is_floating``: float16/32/64 and bfloat16 (an ``ml_dtypes`` type whose NumPy
-    kind is not ``'f'``)."""
-    dtype = np.dtype(dtype)
-    return dtype.kind == "f" or dtype.name == "bfloat16"
-
-
 def _is_plain(value: Any) -> bool:
     return not isinstance(value, (DistributedValues, Variable))
-
-
-def _mixing_error(strategy: Strategy, active: Strategy) -> RuntimeError:
-    return RuntimeError(
-        f"Mixing different Strategy objects: {_context.describe(strategy)} is not "
-        f"{_context.describe(active)}, whose scope (or run) is active. Leave that scope first; "
-        "use one strategy per program"
-    )
-
-
-def require_cross_replica(strategy: Strategy, what: str, hint: str) -> None:
-    """Raise unless this thread may call ``strategy``'s cross-replica methods: in its scope
-    outside ``run`` (or in a ``merge_call`` function), or outside every strategy (TF's
-    ``_require_cross_replica_or_default_context_extended``).
-
-    Raises:
-      RuntimeError: inside ``strategy.run`` (the message names ``what`` and gives ``hint``), or
-        inside another strategy's scope or run (mixing strategies).
-    """
-    frame = _context.current_frame()
-    if frame.strategy is strategy and frame.replica_context is None:
-        return
-    if _context.in_default_context():
-        return
-    if frame.strategy is not strategy:
-        raise _mixing_error(strategy, frame.strategy)
-    raise RuntimeError(
-        f"{what} must be called in cross-replica context (outside strategy.run); {hint}"
-    )
 
 
 def _first(leaf: Any) -> Any:
