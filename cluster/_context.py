@@ -30,6 +30,7 @@ __all__ = [
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "in_default_context",
     "push",
     "set_default_frame",
 ]
@@ -107,6 +108,13 @@ def get_replica_context() -> ReplicaContext | None:
 def in_cross_replica_context() -> bool:
     """True inside ``strategy.scope()`` and outside ``strategy.run``."""
     return current_frame().replica_context is None
+
+
+def in_default_context() -> bool:
+    """True outside every strategy: in the default strategy's default replica context, where TF
+    lets any strategy's cross-replica methods (``reduce``, ``gather``, ``run``...) be called.
+    (Inside the default strategy's ``run`` the thread is in a replica context of its own.)"""
+    return not _stack()
 
 
 def describe(strategy: Any) -> str:

@@ -34,18 +34,21 @@ def expand_hostlist(hostlist: str, *, source: str = "SLURM_STEP_NODELIST") -> li
 
     ``'n[1-3,07-09],m5'`` -> ``['n1', 'n2', 'n3', 'n07', 'n08', 'n09', 'm5']``. A range keeps the
     width of its start (``[08-10]`` -> 08, 09, 10; ``[1-010]`` -> 1..10). Names are separated by
-    commas outside brackets or by whitespace; empty names are skipped (``',a,,b'`` -> a, b).
+    commas outside brackets or by whitespace. As in TF, an empty name between commas is an
+    error (``'a,,b'``, ``',a'``), while one trailing comma is ignored (``'a,'`` -> a).
     Several bracket groups expand to every combination, in scontrol's order: the last group varies
     fastest, then the first, second, ... (``a[1-2]b[3-4]`` -> a1b3, a1b4, a2b3, a2b4). As in
     Slurm and TF, no text may follow the last ``]`` (``node[1-2]-ib`` is rejected).
     ``''`` -> ``[]``.
 
-    Unlike TF, which accepts only one bracket group at the end of a name, silently expands a
-    backwards range (``[3-1]``) to nothing and rejects ``',a'``, this follows scontrol.
+    Unlike TF, which accepts only one bracket group at the end of a name, keeps whitespace in
+    names (``'a, b'`` -> ``'a'``, ``' b'``) and silently expands a backwards range (``[3-1]``) to
+    nothing, this follows scontrol.
 
     Raises:
-      ClusterConfigError: malformed list (unbalanced or nested brackets, empty, non-numeric or
-        backwards range, text after the last group, too many hosts); the message starts with
+      ClusterConfigError: malformed list (an empty name between commas, unbalanced or nested
+        brackets, empty, non-numeric or backwards range, text after the last group, too many
+        hosts); the message starts with
         ``source`` and names the bad part.
     """
 
@@ -61,11 +64,13 @@ def expand_hostlist(hostlist: str, *, source: str = "SLURM_STEP_NODELIST") -> li
 
 
 def _split_hostlist(hostlist: str, bad: _Bad) -> list[str]:
-    """Splits at commas and whitespace outside brackets; checks brackets balance and don't nest."""
+    """Splits at commas and whitespace outside brackets; checks brackets balance and don't nest,
+    and that every comma ends a non-empty element (TF raises ``ValueError`` for ``'a,,b'``)."""
     items: list[str] = []
     current: list[str] = []
     in_brackets = False
-    for char in hostlist:
+    element_start = len(items)  # items before the current comma-separated element
+    for position, char in enumerate(hostlist):
         if char == "[":
             if in_brackets:
                 raise bad("nested '['")
@@ -78,6 +83,10 @@ def _split_hostlist(hostlist: str, bad: _Bad) -> list[str]:
             if current:
                 items.append("".join(current))
             current = []
+            if char == ",":
+                if len(items) == element_start:
+                    raise bad(f"empty name before the ',' at position {position}")
+                element_start = len(items)
             continue
         elif in_brackets and char.isspace():
             raise bad("whitespace inside '[...]'")

@@ -6,7 +6,8 @@ reads one key at a time. ``ClusterConfigError`` (naming ``TF_CONFIG`` and the pa
 field) is raised wherever TensorFlow would crash with a raw ``JSONDecodeError``, ``TypeError`` or
 ``ValueError``, and wherever TF would silently turn a wrongly typed field into nonsense: a
 top-level array or string meaning "no cluster", ``"task": "worker"`` meaning "no task",
-``"type": null`` meaning a job called ``"None"``, ``"index": 1.7`` or ``true`` meaning task 1,
+``"type": null`` meaning a job called ``"None"`` (a numeric ``"type": 123456`` is read as
+the job ``"123456"``, as in TF), ``"index": 1.7`` or ``true`` meaning task 1,
 ``"rpc_layer": 5`` giving ``"5://..."``.
 
 It is otherwise as lenient as TensorFlow: addresses are any strings (no ``host:port`` check),
@@ -118,6 +119,17 @@ def _task_id(value: Any) -> int:
     raise _fail("task.index", f"expected an integer, got {_describe(value)}")
 
 
+def _task_type(value: Any) -> str:
+    # TF reads str(task["type"]), so a job named "123456" may be given as the number 123456 (TF's
+    # testTaskTypeCastToString). Null and booleans would become jobs called "None" and "True":
+    # refused, as are arrays and objects, which no job name can spell.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise _fail("task.type", f"expected a string (or a number), got {_describe(value)}")
+
+
 def _optional_str(path: str, value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -156,9 +168,7 @@ class TFConfig:
         task = self._task()
         if "type" not in task:
             return None
-        if not isinstance(task["type"], str):
-            raise _fail("task.type", f"expected a string, got {_describe(task['type'])}")
-        return task["type"]
+        return _task_type(task["type"])
 
     def task_id(self) -> int | None:
         task = self._task()

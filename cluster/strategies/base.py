@@ -19,6 +19,7 @@ from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import CrossDeviceOps
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
+from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
 from cluster.strategies._variables import (
     DistributedVariable,
@@ -138,21 +139,29 @@ class StrategyExtended:
         return [to_array(v)[0] for v in values]
 
     def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
-        """``op`` of a leaf over every replica of every worker: one array (same on all ranks)."""
-        components = self._components(value, op.value)
+        """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
+
+        A plain value is every local replica's value for MEAN (its mean is itself, as TF's
+        ``reduce_non_distributed_value``); SUM of it needs a single local replica."""
+        if op is ReduceOp.MEAN:
+            components = self._components_any(value, op.value)
+        else:
+            components = self._components(value, op.value)
         return self._cross_device_ops.batch_reduce_components(
             op, [components], self._num_replicas_in_sync, self._options)[0][0]
 
     def _first_replica_value(self, value: Any) -> Any:
         """Global replica 0's component of a leaf, on every worker."""
-        first = self._components(value, "ONLY_FIRST_REPLICA")[0]
+        first = self._components_any(value, "ONLY_FIRST_REPLICA")[0]
         return self._cross_device_ops.broadcast_from_first(first, self._options)
 
     def _all_reduce_nest(self, op: ReduceOp, value: Any, options: Any) -> Any:
         leaves = _nest.flatten(value)
         if not leaves:
             return value
-        comps = [self._components(leaf, f"all_reduce {op.value}") for leaf in leaves]
+        # A plain leaf (1.5, a NumPy array) is each replica's own value, as in TF, where it
+        # becomes one tensor per replica: SUM over 2 replicas of 1.5 is 3.0.
+        comps = [self._components_any(leaf, f"all_reduce {op.value}") for leaf in leaves]
         reduced = self._cross_device_ops.batch_reduce_components(
             op, comps, self._num_replicas_in_sync, _options(options, self._options))
         out = []
@@ -165,7 +174,7 @@ class StrategyExtended:
     def _all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
         out = []
         for leaf in _nest.flatten(value):
-            comps = self._components_any(leaf)
+            comps = self._components_any(leaf, "all_gather")
             _check_gather_rank(comps, axis)
             gathered = self._cross_device_ops.gather_components(
                 comps, axis, _options(options, self._options))
@@ -174,10 +183,10 @@ class StrategyExtended:
             out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
         return _nest.pack_sequence_as(value, out)
 
-    def _components_any(self, value: Any) -> list[Any]:
+    def _components_any(self, value: Any, what: str) -> list[Any]:
         """Components of a leaf; a plain value counts as the same value on every replica."""
         if isinstance(value, DistributedValues):
-            return self._components(value, "gather")
+            return self._components(value, what)
         array = to_array(value._read() if isinstance(value, Variable) else value)[0]
         return [array] * self._local_count
 
@@ -190,13 +199,31 @@ class StrategyExtended:
 
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
                         options: CommunicationOptions | None = None) -> list[Any]:
-        """``reduce_to`` of many values in one collective (fused into ``bytes_per_pack`` packs)."""
+        """``reduce_to`` of many values in one collective (fused into ``bytes_per_pack`` packs).
+
+        As in TF: a plain (non-distributed) value is every replica's value, so MEAN returns it
+        and SUM needs a single local replica (``ValueError`` otherwise).
+
+        Raises:
+          RuntimeError: called inside ``strategy.run`` (use ``merge_call``), or under another
+            strategy's scope.
+          ValueError: an unknown reduce op.
+        """
+        require_cross_replica(self._container, "strategy.extended.batch_reduce_to",
+                              "call it in merge_call's function")
         op = ReduceOp.parse(reduce_op)
         values = [v for v, _ in value_destination_pairs]
-        comps = [self._components(v, op.value) for v in values]
-        reduced = self._cross_device_ops.batch_reduce_components(
+        as_is = [op is ReduceOp.MEAN and self._local_count > 1 and _is_plain(v) for v in values]
+        comps = [self._components(v, op.value) for v, keep in zip(values, as_is, strict=True)
+                 if not keep]
+        reduced = iter(self._cross_device_ops.batch_reduce_components(
             op, comps, self._num_replicas_in_sync, _options(options, self._options))
-        return [Mirrored(r) if len(r) > 1 else r[0] for r in reduced]
+            if comps else [])
+        out = []
+        for value, keep in zip(values, as_is, strict=True):
+            r = value if keep else next(reduced)
+            out.append(r if keep else Mirrored(r) if len(r) > 1 else r[0])
+        return out
 
     def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
                group: bool = True) -> Any:
@@ -251,10 +278,23 @@ class StrategyExtended:
                 f"{name or 'Variable'}); use AUTO, ON_WRITE or ON_READ"
             )
         value = initial_array(initial_value, dtype, shape)
+        self._check_aggregation_dtype(aggregation, value.dtype, _full_name(name))
         if _broadcast:
             value = self._cross_device_ops.broadcast_from_first(value, self._options)
         return self._make_variable(value, name=_full_name(name), trainable=trainable,
                                    synchronization=synchronization, aggregation=aggregation)
+
+    def _check_aggregation_dtype(self, aggregation: VariableAggregation, dtype: np.dtype,
+                                 name: str) -> None:
+        """Refuse MEAN for a non-floating variable, as TF's distributed variables do (a mean of
+        integers would truncate). Strategies whose variables are not mirrored (one device,
+        central storage, parameter servers) accept it, as in TF."""
+        if aggregation is VariableAggregation.MEAN and not is_floating(dtype):
+            raise ValueError(
+                f"creating distributed Variable {name} with aggregation=MEAN and a non-floating "
+                f"dtype ({np.dtype(dtype)}) is not supported under {type(self._container).__name__}"
+                "; use aggregation=SUM or ONLY_FIRST_REPLICA, or a floating dtype"
+            )
 
     def _make_variable(self, value: Any, **options: Any) -> Variable:
         components = [_plain_variable(self._place(i, value), options["name"])
@@ -276,6 +316,10 @@ def _plain_variable(array: Any, name: str) -> Variable:
     Variable.__init__(variable, lambda: array, name=name)
     variable._value = array  # no dtype inference: the value is already final
     return variable
+
+
+def _is_plain(value: Any) -> bool:
+    return not isinstance(value, (DistributedValues, Variable))
 
 
 def _first(leaf: Any) -> Any:
@@ -335,31 +379,21 @@ class Strategy:
     def scope(self):
         """Enter this strategy: variables created inside become its distributed variables.
 
-        Raises ``RuntimeError`` inside another strategy's scope (TF: "Mixing different
-        tf.distribute.Strategy objects").
+        Entering it again inside its own scope is allowed.
+
+        Raises:
+          RuntimeError: inside ``strategy.run`` (a replica context), or inside another
+            strategy's scope (TF: "Mixing different tf.distribute.Strategy objects").
         """
-        frame = _context.current_frame()
-        if frame.strategy is self:
-            with _context.push(self, frame.replica_context):
-                yield self
-            return
-        if not frame.strategy._is_default:
-            raise RuntimeError(
-                f"Mixing different Strategy objects: {_context.describe(self)} is not "
-                f"{_context.describe(frame.strategy)}, whose scope is active. Leave that "
-                "scope first; use one strategy per program"
-            )
+        if not _context.current_frame().strategy._is_default:
+            require_cross_replica(self, "strategy.scope()",
+                                  "enter the scope before calling strategy.run")
         with _context.push(self, None):
             yield self
 
     def _check_cross_replica(self, what: str) -> None:
-        frame = _context.current_frame()
-        if frame.strategy is self and frame.replica_context is not None:
-            raise RuntimeError(
-                f"strategy.{what} must be called in cross-replica context (outside "
-                f"strategy.run); inside a replica use get_replica_context().all_reduce / "
-                "all_gather"
-            )
+        require_cross_replica(self, f"strategy.{what}", "inside a replica use "
+                              "get_replica_context().all_reduce / all_gather")
 
     # -- running --
 
@@ -368,11 +402,16 @@ class Strategy:
         """``fn(*args, **kwargs)`` on each local replica; PerReplica results (plain with one).
 
         Distributed values among the arguments are split: each replica gets its component.
+
+        Raises:
+          ValueError: ``args`` is not a tuple or list (as TF).
+          TypeError: ``fn`` is not callable or ``kwargs`` not a dict.
+          RuntimeError: inside ``strategy.run`` or another strategy's scope.
         """
         if not callable(fn):
             raise TypeError(f"strategy.run: fn must be callable, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):
-            raise TypeError(
+            raise ValueError(
                 f"strategy.run: args must be a tuple or list of arguments, got "
                 f"{type(args).__name__}; write args=(value,)"
             )
@@ -463,7 +502,7 @@ class Strategy:
         out = []
         with _context.push(self, None):
             for leaf in _nest.flatten(value):
-                components = ext._components_any(leaf)
+                components = ext._components_any(leaf, "gather")
                 _check_gather_rank(components, axis)
                 gathered = ext._cross_device_ops.gather_components(components, axis, ext._options)
                 out.append(restore_for(_first(leaf))(gathered))

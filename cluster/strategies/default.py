@@ -28,12 +28,18 @@ class _DefaultStrategy(Strategy):
         devices = parse_devices(["/cpu:0"], what="default strategy")
         super().__init__(StrategyExtended(self, devices, ReductionToOneDevice()))
 
-    def scope(self):  # entering the default strategy changes nothing
+    def scope(self):
+        """Changes nothing, but like TF refuses to nest inside another strategy's scope or run
+        ("Must not nest tf.distribute.Strategy scopes")."""
+        if _context.has_strategy():
+            raise RuntimeError(
+                f"the default strategy's scope cannot be entered inside "
+                f"{_context.describe(_context.get_strategy())}'s scope or run; leave it first"
+            )
         return contextlib.nullcontext(self)
 
-    def run(self, fn, args=(), kwargs=None, options=None):
-        kwargs = {} if kwargs is None else kwargs
-        return fn(*args, **kwargs)
+    # run is Strategy.run: fn runs in this thread, in a replica context of its own (not the
+    # default one), so reduce/gather/run inside it raise as in TF.
 
 
 @lru_cache(maxsize=1)
@@ -47,9 +53,14 @@ def default_frame() -> _context.Frame:
 _context.set_default_frame(default_frame)
 
 
+class _OneDeviceExtended(StrategyExtended):
+    def _check_aggregation_dtype(self, aggregation, dtype, name) -> None:
+        pass  # TF's OneDeviceStrategy makes plain variables: any aggregation, any dtype
+
+
 class OneDeviceStrategy(Strategy):
     """All computation on one device: ``OneDeviceStrategy("/cpu:0")`` or ``("/gpu:0")``."""
 
     def __init__(self, device: str) -> None:
         devices = parse_devices([device], what="OneDeviceStrategy(device)")
-        super().__init__(StrategyExtended(self, devices, ReductionToOneDevice()))
+        super().__init__(_OneDeviceExtended(self, devices, ReductionToOneDevice()))

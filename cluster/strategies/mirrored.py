@@ -58,6 +58,9 @@ class _CentralExtended(StrategyExtended):
     def parameter_devices(self) -> tuple[str, ...]:
         return (str(self._parameter_device),)
 
+    def _check_aggregation_dtype(self, aggregation, dtype, name) -> None:
+        pass  # TF's CentralStorageStrategy makes AggregatingVariables: MEAN of ints allowed
+
     def _make_variable(self, value: Any, **options: Any) -> Variable:
         if options["synchronization"] is VariableSynchronization.ON_READ:
             return super()._make_variable(value, **options)

@@ -52,6 +52,14 @@ class ReplicaContext:
         its own component of any distributed value in the result.
         """
         kwargs = {} if kwargs is None else kwargs
+        if self._merge is not None and _context.get_replica_context() is not self:
+            # From another thread or from inside a merge_fn, the rendezvous would wait forever
+            # for this replica's share (TF fails an assertion there).
+            raise RuntimeError(
+                f"merge_call/all_reduce/all_gather of replica {self.replica_id_in_sync_group} "
+                "must be called from that replica, inside strategy.run, not from cross-replica "
+                "context or another replica; use get_replica_context() where you call it"
+            )
         if self._merge is None:  # one replica: run it here
             with _context.push(self._strategy, None):
                 return merge_fn(self._strategy, *args, **kwargs)

@@ -37,8 +37,9 @@ from resolver.errors import ClusterConfigError
         # order and duplicates are kept
         ("b1,a1,b1", ["b1", "a1", "b1"]),
         ("n[2,1,1-2]", ["n2", "n1", "n1", "n2"]),
-        # empty names are skipped and whitespace splits, like scontrol
-        (",a,,b,", ["a", "b"]),
+        # one trailing comma is ignored (as TF) and whitespace splits, like scontrol
+        ("a,b,", ["a", "b"]),
+        ("n[1-2],", ["n1", "n2"]),
         (" a b\tc[1-2]\n", ["a", "b", "c1", "c2"]),
         ("", []),
     ],
@@ -58,6 +59,13 @@ def test_hostlist_expands_like_scontrol(hostlist, hosts):
         ("n[a-b]", "'a-b'"),
         ("n[1-2-3]", "'1-2-3'"),
         ("n[1,,2]", "''"),
+        # an empty name between commas: TF raises ValueError (issue 19)
+        ("a,,b", "empty name before the ',' at position 2"),
+        (",a", "empty name before the ',' at position 0"),
+        ("a,,", "empty name before the ',' at position 2"),
+        (",", "empty name"),
+        ("n[1-2],,m", "empty name"),
+        ("a, ,b", "empty name before the ',' at position 3"),
         ("n[1, 2]", "whitespace"),
         ("node[1-2]-ib", "'-ib'"),
         ("n[1-65537]", "more than 65536"),

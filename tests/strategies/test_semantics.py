@@ -93,7 +93,7 @@ def test_run_identical_results_stay_plain(two):
 
 @pytest.mark.parametrize("fn, args, kwargs, error, match", [
     (3, (), None, TypeError, "callable"),
-    (lambda x: x, 5, None, TypeError, "tuple or list"),
+    (lambda x: x, 5, None, ValueError, "tuple or list"),  # TF raises ValueError
     (lambda x: x, (PerReplica([1, 2, 3]),), None, ValueError, "3 components"),
     (lambda: None, (), [1], TypeError, "kwargs must be a dict"),
 ])
