@@ -118,13 +118,15 @@ class Algorithm(enum.Enum):
     AUTO = "auto"
     RING = "ring"
     DOUBLING = "doubling"
+    TREE = "tree"
 
 
 ALGORITHM_ENV = "CLUSTER_COLLECTIVE_ALGORITHM"
 
 
 def algorithm_from_env(environ: Mapping[str, str]) -> Algorithm:
-    """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``).
+    """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``,
+    ``tree``).
 
     Unset or empty means ``AUTO``. Raises ``ValueError`` naming the variable for other values.
     """

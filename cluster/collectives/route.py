@@ -106,6 +106,8 @@ def network_algorithm(
     """
     if settings.algorithm is Algorithm.DOUBLING:
         return "doubling"
+    if settings.algorithm is Algorithm.TREE:
+        return "tree"
     ring_forced = settings.algorithm is Algorithm.RING or options.implementation in (
         CommunicationImplementation.RING,
         CommunicationImplementation.NCCL,
