@@ -113,7 +113,8 @@ def _implementation_names() -> str:
 
 
 class Algorithm(enum.Enum):
-    """The all-reduce algorithm a group uses; ``AUTO`` picks by message size."""
+    """The all-reduce algorithm a group uses; ``AUTO`` picks by message size (doubling or
+    ring); ``TREE``, the binomial tree, is only ever forced (see ``route.network_algorithm``)."""
 
     AUTO = "auto"
     RING = "ring"
