@@ -106,10 +106,12 @@ def network_algorithm(
     of the collective's signature.
 
     ``AUTO`` never picks the binomial tree, at any group size: it sends fewer messages in all
-    (``2 (N - 1)`` against about ``N log2 N``) but waits twice as many latencies, and with real
-    processes it measured slower than recursive doubling at N = 8 and 16 even with every rank
-    on one 2-core machine (``bench/allreduce.py --algorithms doubling,tree``); it only wins
-    when the ranks are threads sharing one interpreter. Force it with ``Algorithm.TREE``.
+    (``2 (N - 1)`` against about ``N log2 N``) but waits twice as many latencies. Where every
+    rank has a core (the leaders of a hierarchical group: one rank per host) doubling wins by
+    the model; with N processes on one 2-core machine the two measured within 30 % of each
+    other either way at N = 8-32 (run to run, with the machine's load), and only N threads
+    sharing one interpreter favour the tree consistently (``bench/allreduce.py --algorithms
+    doubling,tree``). Force it with ``Algorithm.TREE``.
     """
     if settings.algorithm is Algorithm.DOUBLING:
         return "doubling"
