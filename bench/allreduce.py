@@ -3,15 +3,27 @@
     uv run python bench/allreduce.py                       # N = 2, 3, 4; 4 KiB .. 256 MiB
     uv run python bench/allreduce.py --nprocs 2,4 --sizes 4K,64M --iters 20
     uv run python bench/allreduce.py --paths shm,tcp,grpc  # every path we have
+    uv run python bench/allreduce.py --nprocs 8,16,32 --sizes 4K --paths tcp \
+        --algorithms doubling,tree,ring --no-gloo          # small messages at larger N
+    uv run python bench/allreduce.py --nprocs 8,16,32,64,128 --sizes 4K --paths threads \
+        --algorithms doubling,tree,ring --no-gloo          # large N in one process
 
 Each N is one launch of N fresh processes on loopback per library and path, all with a cluster
 token, as in production. Our paths: ``shm`` (the default: co-located processes reduce through
-shared memory), ``tcp`` (``CLUSTER_COLLECTIVE_PATH=network``: the ring on the raw TCP data
-plane) and ``grpc`` (the network path with tensor bytes on gRPC streams). Every iteration
-starts after a barrier; its time is the slowest rank's;
+shared memory), ``tcp`` (``CLUSTER_COLLECTIVE_PATH=network``: the network algorithms on the
+raw TCP data plane), ``grpc`` (the network path with tensor bytes on gRPC streams) and
+``threads`` (the network algorithms among N threads of this process over the in-process
+transport: no sockets and no process start, so N can reach the hundreds on a small machine;
+the threads share the GIL, so its times measure the algorithms' total work, not their
+latency). ``--algorithms`` forces the network algorithm (``CLUSTER_COLLECTIVE_ALGORITHM``) on
+the network paths, one column each; ``shm`` always runs ``auto``.
+
+Every iteration starts after a barrier; its time is the slowest rank's;
 the table shows the median over ``--iters`` iterations after ``--warmup``.
 busbw = algbw * 2(N-1)/N (nccl-tests' convention), with algbw = bytes / time. ``x gloo`` is
 gloo's time over ours, i.e. our speed relative to gloo's: above 1 we are faster.
+A first table gives, per N, the message-count model of :mod:`cluster.collectives.cost`
+(latencies on the critical path, messages in all) and the algorithm ``auto`` picks at each size.
 
 gloo needs torch (a benchmark extra, never a runtime dependency): ``pip install torch==2.13.0``
 into the environment (``uv pip install torch==2.13.0``); without it only our columns are shown.
@@ -96,17 +108,76 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
 
 
 def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
-               plane: str) -> dict[int, float]:
+               plane: str, algorithm: str = "auto") -> dict[int, float]:
+    if plane == "threads":
+        return bench_threads(n, sizes, iters, warmup, impl, algorithm)
     env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
            "CLUSTER_DATA_PLANE": "tcp" if plane == "shm" else plane,
-           "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network"}
+           "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network",
+           "CLUSTER_COLLECTIVE_ALGORITHM": algorithm}
+    # N processes share this machine's cores: heartbeats must not time out while they start.
     outcomes = run_group(_ours_rank, n, args=(sizes, iters, warmup, impl, plane), timeout=1800,
-                         env=env)
+                         env=env, heartbeat_timeout=max(5.0, n / 2), connect_timeout=60 + n)
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        raise RuntimeError(f"ours ({plane}), N={n}: {failed[0].error_type}: "
-                           f"{failed[0].traceback}")
+        # The lowest failing rank is not always the first: list every rank's last line.
+        summary = "; ".join(f"rank {o.rank}: {(o.traceback or '').strip().splitlines()[-1:]}"
+                            for o in failed)
+        raise RuntimeError(f"ours ({plane}), N={n}: {len(failed)} rank(s) failed: {summary}")
     return _slowest_rank_medians([o.result for o in outcomes], sizes)
+
+
+def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
+                  algorithm: str) -> dict[int, float]:
+    """The network algorithms among ``n`` threads over the in-process transport."""
+    import threading
+
+    from cluster.collectives import (
+        CollectiveGroup,
+        CommunicationImplementation,
+        CommunicationOptions,
+        ReduceOp,
+    )
+    from cluster.collectives.options import Algorithm, CollectivePath, CollectiveSettings
+    from cluster.transport.inproc import InProcessHub
+
+    hub = InProcessHub(n)
+    options = CommunicationOptions(timeout_seconds=120,
+                                   implementation=CommunicationImplementation[impl.upper()])
+    settings = CollectiveSettings(path=CollectivePath.NETWORK, algorithm=Algorithm(algorithm))
+    groups = [CollectiveGroup(t, name="bench", options=options, settings=settings)
+              for t in hub.transports]
+    per_rank: list[dict[int, list[float]]] = [{} for _ in range(n)]
+    errors: list[BaseException] = []
+
+    def rank_body(rank: int) -> None:
+        try:
+            group = groups[rank]
+            for size in sizes:
+                x = np.ones(size // 4, dtype=np.float32)
+                per_rank[rank][size] = []
+                for i in range(warmup + iters):
+                    group.barrier()
+                    start = time.perf_counter()
+                    out = group.all_reduce(x, ReduceOp.SUM)
+                    elapsed = time.perf_counter() - start
+                    if i >= warmup:
+                        per_rank[rank][size].append(elapsed)
+                if out.size and float(out.flat[0]) != n:
+                    raise AssertionError(f"rank {rank}: {out.flat[0]} != {n}")
+        except BaseException as error:  # reported below, after every thread ended
+            errors.append(error)
+            for t in hub.transports:  # the others would wait for us until their deadline
+                t.abort(f"bench rank {rank} failed: {error!r}")
+
+    threads = [threading.Thread(target=rank_body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(1800)
+    if errors or any(t.is_alive() for t in threads):
+        raise RuntimeError(f"ours (threads), N={n}: {errors[:1] or 'still running after 1800 s'}")
+    return _slowest_rank_medians(per_rank, sizes)
 
 
 def _slowest_rank_medians(per_rank: list[dict[int, list[float]]], sizes: list[int]) -> dict:
@@ -173,6 +244,30 @@ def busbw(size: int, n: int, seconds: float) -> float:
     return size / seconds * 2 * (n - 1) / n / 1e9 if n > 1 else 0.0
 
 
+def model_table(ns: list[int], sizes: list[int]) -> None:
+    """Print the message-count model per N, and what ``auto`` picks per size."""
+    from cluster.collectives.cost import ALGORITHMS, latency_steps, messages
+    from cluster.collectives.group import DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_MESSAGE_BYTES
+    from cluster.collectives.options import CollectiveSettings, CommunicationOptions
+    from cluster.collectives.route import network_algorithm
+
+    head = "| N |" + "".join(f" {a} latencies |" for a in ALGORITHMS)
+    head += "".join(f" {a} messages |" for a in ALGORITHMS)
+    head += "".join(f" auto at {fmt_size(s)} |" for s in sizes)
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for n in ns:
+        line = f"| {n} |" + "".join(f" {latency_steps(a, n)} |" for a in ALGORITHMS)
+        line += "".join(f" {messages(a, n)} |" for a in ALGORITHMS)
+        for size in sizes:
+            picked = network_algorithm(
+                CollectiveSettings(), CommunicationOptions(), size,
+                small_message_bytes=DEFAULT_SMALL_MESSAGE_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES)
+            line += f" {picked.split('/')[0]} |"
+        print(line)
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", default="2,3,4", help="comma list of process counts")
@@ -182,21 +277,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="auto", choices=["auto", "ring"],
                         help="our algorithm choice on the network paths "
                              "(CommunicationImplementation)")
-    parser.add_argument("--paths", default="shm,tcp", help="ours: shm, tcp, grpc (comma list)")
+    parser.add_argument("--paths", default="shm,tcp",
+                        help="ours: shm, tcp, grpc, threads (comma list)")
+    parser.add_argument("--algorithms", default="auto",
+                        help="network algorithms to force on tcp, grpc and threads: auto, "
+                             "ring, doubling, tree (comma list, one column each)")
     parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--no-model", action="store_true", help="skip the model table")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    ns = [int(x) for x in args.nprocs.split(",")]
+    if min(ns) < 1:
+        parser.error("--nprocs: every count must be >= 1")
     planes = [p.strip() for p in args.paths.split(",")]
+    unknown = set(planes) - {"shm", "tcp", "grpc", "threads"}
+    if unknown:
+        parser.error(f"--paths: unknown {sorted(unknown)}")
+    algorithms = [a.strip() for a in args.algorithms.split(",")]
+    if set(algorithms) - {"auto", "ring", "doubling", "tree"}:
+        parser.error(f"--algorithms: one of auto, ring, doubling, tree; got {algorithms}")
+    # One column per (path, algorithm); shared memory has no network algorithm to force.
+    variants = [(p, a) for p in planes for a in (["auto"] if p == "shm" else algorithms)]
+    names = {v: v[0] if len(algorithms) == 1 or v[0] == "shm" else f"{v[0]}/{v[1]}"
+             for v in variants}
+    if not args.no_model:
+        model_table(ns, sizes)
     rows = []
     head = "| N | size | gloo ms | gloo busbw GB/s |"
-    for p in planes:
-        head += f" {p} ms | {p} busbw GB/s | {p} x gloo |"
+    for v in variants:
+        head += f" {names[v]} ms | {names[v]} busbw GB/s | {names[v]} x gloo |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for n in (int(x) for x in args.nprocs.split(",")):
-        ours = {p: bench_ours(n, sizes, args.iters, args.warmup,
-                              "auto" if p == "shm" else args.impl, p) for p in planes}
+    for n in ns:
+        ours: dict[tuple[str, str], dict[int, float] | None] = {}
+        for p, a in variants:
+            try:
+                ours[(p, a)] = bench_ours(n, sizes, args.iters, args.warmup,
+                                          "auto" if p == "shm" else args.impl, p, a)
+            except RuntimeError as error:  # one variant failing must not lose the others
+                print(f"{names[(p, a)]} at N={n} failed: {error}", file=sys.stderr, flush=True)
+                ours[(p, a)] = None
         gloo = None if args.no_gloo else bench_gloo(n, sizes, args.iters, args.warmup)
         for size in sizes:
             g = gloo[size] if gloo else None
@@ -204,11 +325,15 @@ def main(argv: list[str] | None = None) -> int:
                    "gloo_busbw": busbw(size, n, g) if g else None}
             line = f"| {n} | {fmt_size(size)} | "
             line += f"{g * 1e3:.2f} | {row['gloo_busbw']:.2f} |" if g else "- | - |"
-            for p in planes:
-                t = ours[p][size]
-                row[f"{p}_s"] = t
-                row[f"{p}_busbw"] = busbw(size, n, t)
-                row[f"{p}_ratio"] = g / t if g else None
+            for v in variants:
+                if ours[v] is None:
+                    row[f"{names[v]}_s"] = None
+                    line += " failed | - | - |"
+                    continue
+                t = ours[v][size]
+                row[f"{names[v]}_s"] = t
+                row[f"{names[v]}_busbw"] = busbw(size, n, t)
+                row[f"{names[v]}_ratio"] = g / t if g else None
                 line += f" {t * 1e3:.2f} | {busbw(size, n, t):.2f} | "
                 line += f"{g / t:.2f}x |" if g else "- |"
             rows.append(row)

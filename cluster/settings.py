@@ -166,7 +166,7 @@ ENV_VARS = (
     (ENV_FUNCTION_TIMEOUT, "3600", "Seconds a coordinator's function may run on a worker."),
     (ENV_DATA_PLANE, "tcp", "`tcp` or `grpc`: how collective tensors travel."),
     ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
-    ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring` or `doubling` forces the all-reduce."),
+    ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring`, `doubling` or `tree` forces the all-reduce."),
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),
     (ENV_ERROR_FILE, "unset", "Set by clusterctl: where a failed task writes its error record."),
     (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),

@@ -41,7 +41,7 @@ def test_every_variable_is_read() -> None:
     ("CLUSTER_CONNECT_TIMEOUT", "soon"), ("CLUSTER_HEARTBEAT_TIMEOUT", "-1"),
     ("CLUSTER_HEARTBEAT_INTERVAL", "nan"), ("CLUSTER_FUNCTION_TIMEOUT", "0"),
     ("CLUSTER_DATA_PLANE", "udp"), ("CLUSTER_COLLECTIVE_PATH", "carrier-pigeon"),
-    ("CLUSTER_COLLECTIVE_ALGORITHM", "tree"), ("CLUSTER_ALLOW_INSECURE", "yes"),
+    ("CLUSTER_COLLECTIVE_ALGORITHM", "butterfly"), ("CLUSTER_ALLOW_INSECURE", "yes"),
 ])
 def test_a_bad_value_names_the_variable_and_the_value(var: str, value: str) -> None:
     with pytest.raises(TaskConfigError, match=rf"{var}.*{re.escape(value)}"):

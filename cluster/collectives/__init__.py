@@ -10,8 +10,9 @@ Where things live:
 - ``group``: :class:`CollectiveGroup`, the API (validate, then ``_impl``);
 - ``route``: which path (shared memory, hierarchical, network) and which network algorithm a
   call takes, as pure functions;
-- ``network``: the collectives over the transport (``ring``, ``doubling``, ``broadcast`` are
-  their algorithms, ``schedule`` the ring's pure schedule);
+- ``network``: the collectives over the transport (``ring``, ``doubling``, ``tree``,
+  ``broadcast`` are their algorithms, ``schedule`` their pure schedules, ``cost`` their
+  message-count model);
 - ``hierarchy``: the shared-memory and hierarchical collectives; ``shared_memory`` their
   algorithms, over the ``arena`` in a ``shm_segment``, found by ``topology``;
 - ``host_nccl`` (over ``nccl``): NCCL among a host's GPUs;

@@ -1,6 +1,7 @@
 """The collectives over the network: each one an :class:`~cluster.collectives._exchange.Exchange`
 driven by the algorithms of :mod:`~cluster.collectives.ring`,
-:mod:`~cluster.collectives.doubling` and :mod:`~cluster.collectives.broadcast`.
+:mod:`~cluster.collectives.doubling`, :mod:`~cluster.collectives.tree` and
+:mod:`~cluster.collectives.broadcast`.
 
 :class:`NetworkCollectives` runs the ``NETWORK`` route of a
 :class:`~cluster.collectives.group.CollectiveGroup` (and the leaders' part of its ``HIER``
@@ -15,7 +16,7 @@ import math
 
 import numpy as np
 
-from cluster.collectives import _packing, broadcast, doubling, ring
+from cluster.collectives import _packing, broadcast, doubling, ring, tree
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call
 from cluster.collectives._exchange import Exchange
@@ -28,6 +29,9 @@ from cluster.collectives.schedule import Range, segments
 from cluster.transport.api import Transport
 
 __all__ = ["NetworkCollectives"]
+
+# The whole-buffer algorithms for latency-bound messages, by their name in route's decisions.
+_LATENCY_BOUND = {"doubling": doubling.all_reduce, "tree": tree.all_reduce}
 
 
 class NetworkCollectives:
@@ -102,9 +106,9 @@ class NetworkCollectives:
         """``op`` of ``array`` over all ranks, flat; reduces into ``array`` when ``owned``."""
         algorithm = self.algorithm(array.nbytes, call.options)
         ex = self.exchange(call, f"all_reduce {op.value} {spec(array)} {algorithm}")
-        if algorithm == "doubling":
+        if not algorithm.startswith("ring"):
             work = working_copy(array, owned)
-            doubling.all_reduce(ex, work, op)
+            _LATENCY_BOUND[algorithm](ex, work, op)
         else:
             # The ring reads the input where it lies and writes each result byte once.
             work, source = self._buffers.output_for(array, owned)
@@ -180,9 +184,9 @@ class NetworkCollectives:
         if algorithm.startswith("ring"):
             work, source = self._buffers.output_for(array, owned=False)
             ring.reduce_scatter(ex, work, bounds, op, self._chunk, source=source)
-        else:  # latency-bound: all-reduce in log2(N) rounds, keep our segment
+        else:  # latency-bound: a whole all-reduce, keep our segment
             work = working_copy(array, owned=False)
-            doubling.all_reduce(ex, work, op)
+            _LATENCY_BOUND[algorithm](ex, work, op)
         ex.end()
         return work
 
@@ -195,7 +199,7 @@ class NetworkCollectives:
     def _reduce(
         self, ex: Exchange, work: np.ndarray, op: ReduceOp, algorithm: str, first_step: int
     ) -> int:
-        if algorithm == "doubling":
-            return doubling.all_reduce(ex, work, op, first_step)
+        if not algorithm.startswith("ring"):
+            return _LATENCY_BOUND[algorithm](ex, work, op, first_step)
         bounds = segments(work.size, self.world_size)
         return ring.all_reduce(ex, work, bounds, op, self._chunk, first_step)

@@ -113,18 +113,21 @@ def _implementation_names() -> str:
 
 
 class Algorithm(enum.Enum):
-    """The all-reduce algorithm a group uses; ``AUTO`` picks by message size."""
+    """The all-reduce algorithm a group uses; ``AUTO`` picks by message size (doubling or
+    ring); ``TREE``, the binomial tree, is only ever forced (see ``route.network_algorithm``)."""
 
     AUTO = "auto"
     RING = "ring"
     DOUBLING = "doubling"
+    TREE = "tree"
 
 
 ALGORITHM_ENV = "CLUSTER_COLLECTIVE_ALGORITHM"
 
 
 def algorithm_from_env(environ: Mapping[str, str]) -> Algorithm:
-    """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``).
+    """The algorithm forced by ``CLUSTER_COLLECTIVE_ALGORITHM`` (``auto``, ``ring``, ``doubling``,
+    ``tree``).
 
     Unset or empty means ``AUTO``. Raises ``ValueError`` naming the variable for other values.
     """

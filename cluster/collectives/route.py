@@ -7,7 +7,7 @@ functions of values every rank holds alike (so every rank decides alike):
    (an all-reduce across hosts: reduce inside each host, the network across one leader per
    host, broadcast inside) or ``NETWORK`` (everything over the transport);
 2. :func:`network_algorithm`, for what crosses the network: recursive doubling (latency-bound
-   messages) or the pipelined ring.
+   messages) or the pipelined ring; the binomial tree only when forced.
 
 The ``*_config`` functions give the text each route adds to a collective's signature, so ranks
 configured differently fail with a mismatch instead of waiting for each other's messages.
@@ -97,15 +97,26 @@ def network_algorithm(
     small_message_bytes: int,
     chunk_bytes: int,
 ) -> str:
-    """``"doubling"`` or ``"ring/<chunk_bytes>"`` for a network reduction of ``nbytes``.
+    """``"doubling"``, ``"tree"`` or ``"ring/<chunk_bytes>"`` for a network reduction of
+    ``nbytes``.
 
     A forced ``settings.algorithm`` wins; else ``implementation=RING`` (or ``NCCL``, which has
     no network algorithm of its own) takes the ring at every size; else messages below
     ``small_message_bytes`` use recursive doubling and larger ones the ring. The text is part
     of the collective's signature.
+
+    ``AUTO`` never picks the binomial tree, at any group size: it sends fewer messages in all
+    (``2 (N - 1)`` against about ``N log2 N``) but waits twice as many latencies. Where every
+    rank has a core (the leaders of a hierarchical group: one rank per host) doubling wins by
+    the model; with N processes on one 2-core machine the two measured within 30 % of each
+    other either way at N = 8-32 (run to run, with the machine's load), and only N threads
+    sharing one interpreter favour the tree consistently (``bench/allreduce.py --algorithms
+    doubling,tree``). Force it with ``Algorithm.TREE``.
     """
     if settings.algorithm is Algorithm.DOUBLING:
         return "doubling"
+    if settings.algorithm is Algorithm.TREE:
+        return "tree"
     ring_forced = settings.algorithm is Algorithm.RING or options.implementation in (
         CommunicationImplementation.RING,
         CommunicationImplementation.NCCL,

@@ -2,8 +2,9 @@
 
 Everything an algorithm decides (how elements split into segments, which segment travels at each
 ring step, how a segment splits into pipelined sub-chunks, who pairs with whom in recursive
-doubling) is computed here and table-tested (``tests/collectives/test_schedule.py``); the
-algorithm modules only move bytes along these tables.
+doubling, who is whose parent in the binomial tree) is computed here and table-tested
+(``tests/collectives/test_schedule.py``); the algorithm modules only move bytes along these
+tables.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ __all__ = [
     "DoublingPlan",
     "Range",
     "RingStep",
+    "TreePlan",
     "chunk_ranges",
     "doubling_plan",
     "ring_all_gather",
     "ring_all_reduce",
     "ring_reduce_scatter",
     "segments",
+    "tree_plan",
 ]
 
 Range = tuple[int, int]
@@ -139,6 +142,48 @@ def doubling_plan(rank: int, size: int) -> DoublingPlan:
     fold = rank + core if rank + core < size else None
     rounds = core.bit_length() - 1
     return DoublingPlan(core, fold, False, tuple(rank ^ (1 << k) for k in range(rounds)))
+
+
+class TreePlan(NamedTuple):
+    """The binomial tree rooted at rank 0, seen from one rank.
+
+    - ``parent``: the rank this one sends its partial result to and hears the result back
+      from: ``rank`` with its lowest set bit cleared (``None`` for the root);
+    - ``children``: ``rank + 2**j`` for every ``2**j`` below ``rank``'s lowest set bit (every
+      power of two for the root) that is in the group, in increasing order. Child ``rank + 2**j``
+      roots the subtree of ranks ``[rank + 2**j, rank + 2**(j+1))`` (clipped to the group), so
+      folding the children in this order after our own value combines contiguous, increasing
+      blocks of ranks: one fixed evaluation order for every rank.
+
+    The reduction climbs the tree (a child completes after its own children), the result comes
+    back down. A rank receiving one message at a time, the root holds the sum after
+    ``ceil(log2(size))`` steps, so the all-reduce takes ``2 * ceil(log2(size))`` message
+    latencies and ``2 * (size - 1)`` messages in all, against recursive doubling's ``log2``
+    latencies and ``size * log2(size)`` messages.
+    """
+
+    parent: int | None
+    children: tuple[int, ...]
+
+
+def tree_plan(rank: int, size: int) -> TreePlan:
+    """The binomial-tree plan of ``rank`` in a group of ``size``.
+
+    >>> tree_plan(0, 6)
+    TreePlan(parent=None, children=(1, 2, 4))
+    >>> tree_plan(4, 6)
+    TreePlan(parent=0, children=(5,))
+    """
+    _check_rank(rank, size)
+    low = rank & -rank  # lowest set bit; 0 for the root
+    parent = None if rank == 0 else rank - low
+    limit = low if rank else 1 << max(0, (size - 1).bit_length())
+    children = []
+    bit = 1
+    while bit < limit and rank + bit < size:
+        children.append(rank + bit)
+        bit <<= 1
+    return TreePlan(parent, tuple(children))
 
 
 def _check_rank(rank: int, size: int) -> None:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
-from cluster.collectives.options import ALGORITHM_ENV, CollectiveSettings
+from cluster.collectives.options import ALGORITHM_ENV, Algorithm, CollectiveSettings
 from cluster.deadline import Deadline
 from cluster.errors import TaskConfigError
 from cluster.settings import TaskSettings
@@ -25,11 +25,13 @@ from ._threads import make_groups, run_ranks
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
-# small_message_bytes=0 forces the ring at every size; a huge one forces recursive doubling.
-# The ring runs with 8-byte chunks so that multi-chunk pipelining is exercised at tiny sizes.
+# small_message_bytes=0 forces the ring at every size; a huge one forces recursive doubling;
+# the binomial tree is forced by name. The ring runs with 8-byte chunks so that multi-chunk
+# pipelining is exercised at tiny sizes.
 ALGORITHMS = {
     "ring": dict(small_message_bytes=0, chunk_bytes=8),
     "doubling": dict(small_message_bytes=1 << 30),
+    "tree": dict(settings=CollectiveSettings(algorithm=Algorithm.TREE)),
 }
 
 
@@ -237,6 +239,7 @@ def test_collectives_leave_no_message_behind() -> None:
         ("", CommunicationOptions(implementation="NCCL"), "ring"),  # falls back, as in TF
         ("ring", CommunicationOptions(), "ring"),
         ("doubling", CommunicationOptions(implementation="RING"), "doubling"),
+        ("tree", CommunicationOptions(implementation="RING"), "tree"),
     ],
 )
 def test_algorithm_choice_follows_size_options_and_environment(
@@ -251,14 +254,14 @@ def test_algorithm_choice_follows_size_options_and_environment(
 
 def test_bad_algorithm_environment_is_a_clear_error() -> None:
     with pytest.raises(TaskConfigError, match=ALGORITHM_ENV):
-        TaskSettings.from_env({ALGORITHM_ENV: "tree"})
+        TaskSettings.from_env({ALGORITHM_ENV: "butterfly"})
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     world=st.integers(1, 6),
     shape=st.lists(st.integers(0, 6), max_size=3).map(tuple),
-    algorithm=st.sampled_from(["ring", "doubling"]),
+    algorithm=st.sampled_from(list(ALGORITHMS)),
     chunk_bytes=st.sampled_from([1, 8, 24, 1 << 20]),
     op=st.sampled_from(list(ReduceOp)),
     seed=st.integers(0, 2**32 - 1),
@@ -266,10 +269,32 @@ def test_bad_algorithm_environment_is_a_clear_error() -> None:
 def test_all_reduce_property(
     world: int, shape: tuple[int, ...], algorithm: str, chunk_bytes: int, op: ReduceOp, seed: int
 ) -> None:
-    small = 0 if algorithm == "ring" else 1 << 30
-    hub, groups = make_groups(world, small_message_bytes=small, chunk_bytes=chunk_bytes)
+    hub, groups = make_groups(world, **{**ALGORITHMS[algorithm], "chunk_bytes": chunk_bytes})
     inputs = [rank_input(seed, r, "int64", shape) for r in range(world)]
     results = run_ranks(
         lambda r: groups[r].all_reduce(inputs[r], op), world, transports=hub.transports
     )
     check(results, inputs, op)
+
+
+# The network algorithms themselves (the tests' 1 KiB shm rounds hold at most 16 ranks).
+@pytest.mark.network_path
+@pytest.mark.parametrize("algorithm", ["doubling", "tree"])
+@pytest.mark.parametrize("world", [17, 33, 64])
+def test_latency_bound_algorithms_at_large_n_are_exact_and_identical(
+    world: int, algorithm: str
+) -> None:
+    # Non-powers of two exercise doubling's fold-in/fold-out and the tree's clipped subtrees.
+    hub, groups = make_groups(world, **ALGORITHMS[algorithm])
+    floats = [rank_input(world, r, "float32", (1024,)) for r in range(world)]
+    ints = [rank_input(world, r, "int64", (257,)) for r in range(world)]
+
+    def body(rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = groups[rank]
+        return (g.all_reduce(floats[rank], ReduceOp.SUM), g.all_reduce(ints[rank], ReduceOp.SUM),
+                g.all_reduce(floats[rank], ReduceOp.MEAN))
+
+    results = run_ranks(body, world, timeout=60, transports=hub.transports)
+    check([r[0] for r in results], floats, ReduceOp.SUM)  # bitwise identical on every rank
+    check([r[1] for r in results], ints, ReduceOp.SUM)  # integer sums exact
+    check([r[2] for r in results], floats, ReduceOp.MEAN)

@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 from cluster.collectives.schedule import (
     DoublingPlan,
     RingStep,
+    TreePlan,
     chunk_ranges,
     doubling_plan,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
     segments,
+    tree_plan,
 )
 
 pytestmark = pytest.mark.path_independent
@@ -197,3 +199,71 @@ def test_doubling_plan_properties(size: int) -> None:
     for r, plan in enumerate(plans):
         if not plan.extra:
             assert reach[r] == set(range(size))
+
+
+# -- binomial tree -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rank", "size", "plan"),
+    [
+        (0, 1, TreePlan(None, ())),
+        (0, 2, TreePlan(None, (1,))),
+        (1, 2, TreePlan(0, ())),
+        (0, 3, TreePlan(None, (1, 2))),
+        (2, 3, TreePlan(0, ())),  # its child 3 is outside the group
+        (0, 5, TreePlan(None, (1, 2, 4))),
+        (4, 5, TreePlan(0, ())),
+        (0, 8, TreePlan(None, (1, 2, 4))),
+        (4, 8, TreePlan(0, (5, 6))),
+        (6, 8, TreePlan(4, (7,))),
+        (7, 8, TreePlan(6, ())),
+        (0, 9, TreePlan(None, (1, 2, 4, 8))),
+        (8, 12, TreePlan(0, (9, 10))),
+        (12, 100, TreePlan(8, (13, 14))),
+        (64, 65, TreePlan(0, ())),
+    ],
+)
+def test_tree_plan_table(rank: int, size: int, plan: TreePlan) -> None:
+    assert tree_plan(rank, size) == plan
+
+
+@pytest.mark.parametrize(("rank", "size"), [(2, 2), (-1, 3), (0, 0)])
+def test_tree_plan_rejects_ranks_outside_the_group(rank: int, size: int) -> None:
+    with pytest.raises(ValueError):
+        tree_plan(rank, size)
+
+
+@given(st.integers(1, 300))
+def test_tree_plan_properties(size: int) -> None:
+    plans = [tree_plan(r, size) for r in range(size)]
+    # Parent and child links agree; rank 0 is the only root; children come in increasing order.
+    assert [r for r, p in enumerate(plans) if p.parent is None] == [0]
+    for r, plan in enumerate(plans):
+        assert list(plan.children) == sorted(plan.children)
+        for child in plan.children:
+            assert plans[child].parent == r
+        if plan.parent is not None:
+            assert r in plans[plan.parent].children
+    # Each subtree is a contiguous block of ranks following its root, so folding the children
+    # in order after our own value combines ranks in increasing order.
+    def subtree(r: int) -> list[int]:
+        out = [r]
+        for child in plans[r].children:
+            out += subtree(child)
+        return out
+
+    assert subtree(0) == list(range(size))
+    for r in range(size):
+        block = subtree(r)
+        assert block == list(range(r, r + len(block)))
+    # With one message received per step, the root holds the sum after ceil(log2(size)) steps
+    # (the model's latency_steps counts that twice: up, then down); size - 1 messages each way.
+    def finished(r: int) -> int:
+        t = 0
+        for child in plans[r].children:
+            t = max(t, finished(child)) + 1
+        return t
+
+    assert finished(0) == (size - 1).bit_length()
+    assert sum(len(p.children) for p in plans) == size - 1
