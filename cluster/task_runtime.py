@@ -41,6 +41,7 @@ from cluster.transport.coordination import (
     CoordinationClient,
     CoordinationService,
     cluster_digest,
+    coordination_timing,
     coordinator_task,
 )
 from cluster.transport.endpoint import CollectiveEndpoint
@@ -98,13 +99,14 @@ class TaskRuntime:
             self._server.add_handlers(service, dict(handlers))
         tasks = placement.tasks()
         digest = cluster_digest(tasks)
+        interval, timeout = coordination_timing(len(tasks), self.settings.heartbeat_interval,
+                                                self.settings.heartbeat_timeout)
         self.coordinator = coordinator_task([t for t, _ in tasks])
         self._service: CoordinationService | None = None
         if self.coordinator == self.task:
             self._service = CoordinationService(
                 self.task, [t for t, _ in tasks], digest,
-                interval=self.settings.heartbeat_interval,
-                timeout=self.settings.heartbeat_timeout)
+                interval=interval, timeout=timeout)
             self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
@@ -125,8 +127,7 @@ class TaskRuntime:
         self._joined = False
         self._coordination = CoordinationClient(
             self.task, self.control.incarnation, (self.coordinator, dict(tasks)[self.coordinator]),
-            digest, token, interval=self.settings.heartbeat_interval,
-            timeout=self.settings.heartbeat_timeout, on_event=self._on_event,
+            digest, token, interval=interval, timeout=timeout, on_event=self._on_event,
             on_coordinator_lost=self._on_coordinator_lost)
         self._server.start()
         if self._service is not None:

@@ -112,3 +112,18 @@ def test_a_reply_lists_at_most_max_listed_unregistered_tasks_and_counts_them_all
     m.register("worker:4", 99, now=0.0)  # a restart counts once
     answer = m.heartbeat("worker:0", 1, 0, now=0.0)
     assert answer.unregistered == () and answer.unregistered_count == 0
+
+
+@pytest.mark.parametrize(("tasks", "interval", "timeout", "expected"), [
+    (64, 1.0, 5.0, (1.0, 5.0)),          # small clusters keep the configured timing
+    (1000, 1.0, 5.0, (1.0, 5.0)),
+    (2000, 1.0, 5.0, (2.0, 10.0)),       # 1000 calls/s at most, as many beats may be missed
+    (4096, 0.5, 3.0, (4.096, 24.576)),
+    (4096, 8.0, 30.0, (8.0, 30.0)),      # a slower configured beat is kept
+])
+def test_large_clusters_stretch_the_heartbeat_to_what_one_coordinator_answers(
+        tasks, interval, timeout, expected) -> None:
+    from cluster.transport.coordination import coordination_timing
+
+    got = coordination_timing(tasks, interval, timeout)
+    assert got == pytest.approx(expected)
