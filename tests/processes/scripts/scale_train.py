@@ -1,6 +1,6 @@
 """Test task for the scale tests: a few exact training steps with MultiWorkerMirroredStrategy.
 
-Usage: scale_train.py --steps K [--progress-dir DIR] [--forever]
+Usage: scale_train.py [--steps K] [--forever] [--report-steps TASK]
 
 Each step every replica (one per task) contributes gradient ``rank + 1`` (rank = the replica's
 id in sync) to a float32 variable through ``optimizer.apply_gradients`` (SGD, learning rate 1:
@@ -9,15 +9,14 @@ the variable moves by minus the sum over replicas), and all-reduces ``[rank + 1,
 in float32: after K steps the variable is ``-K * N(N+1)/2`` on every task, bitwise.
 
 Output: ``RESULT task=worker:3 n=64 steps=K var=-6240.0 sums=[2080.0, 64.0] digest=HEX`` where
-the digest is a SHA-256 of the variable's and the last all-reduce's bytes. With
-``--progress-dir`` the task touches ``DIR/TASK.stepK`` after each step (``:`` becomes ``-``),
-so a test can wait for a file instead of sleeping. ``--forever`` keeps stepping until an error
-(the SIGKILL test), which then propagates (the process exits non-zero naming its cause).
+the digest is a SHA-256 of the variable's and the last all-reduce's bytes. Task
+``--report-steps`` prints ``STEP k`` after each step, so a test can wait for a line instead of
+sleeping. ``--forever`` keeps stepping until an error (the SIGKILL test), which then propagates
+(the process exits non-zero naming its cause).
 """
 
 import argparse
 import hashlib
-import os
 
 import numpy as np
 
@@ -25,7 +24,7 @@ import cluster
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3)
-parser.add_argument("--progress-dir", default="")
+parser.add_argument("--report-steps", default="")
 parser.add_argument("--forever", action="store_true")
 args = parser.parse_args()
 
@@ -51,9 +50,8 @@ sums = None
 while args.forever or done < args.steps:
     sums = strategy.run(step)
     done += 1
-    if args.progress_dir:
-        path = os.path.join(args.progress_dir, f"{task.replace(':', '-')}.step{done}")
-        open(path, "w").close()
+    if task == args.report_steps:
+        print(f"STEP {done}", flush=True)
 
 value = np.asarray(variable.numpy())
 last = np.asarray(strategy.experimental_local_results(sums)[0])
