@@ -17,7 +17,8 @@ N-1 workers on loopback, with a cluster token, started directly as one launcher 
 - ``4 KiB ms``: a 4 KiB float32 SUM all-reduce, each after a barrier, the slowest rank's time
   per iteration, median over ``--iters`` after ``--warmup``;
 - ``threads``, ``fds``, ``RSS MiB``: read from /proc while the group is up and idle, for a task
-  (median over the workers; max in brackets when it differs) and for the coordinator (chief:0);
+  (``task``: the median over the workers, their max in brackets when it differs) and for the
+  coordinator (``coord``: chief:0, which hosts the coordination service);
 - ``detect s``: worker:N/2 is SIGKILLed while every task all-reduces in a loop; the time from the
   kill until each survivor's collective raised (median / max), and ``exit s`` until the last
   survivor's process exited.
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,20 +83,32 @@ class Cluster:
         self.sel = selectors.DefaultSelector()
         self.tasks: dict[str, Task] = {}
         self.began = time.time()
+
+        def spawn(name: str) -> subprocess.Popen:
+            job, index = name.split(":")
+            config = {"cluster": spec, "task": {"type": job, "index": int(index)}}
+            return subprocess.Popen(
+                [sys.executable, "-m", "worker", str(TASK), str(iters), str(warmup)],
+                cwd=REPO, env={**env, "TF_CONFIG": json.dumps(config)},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
         try:
-            for name in names:
-                job, index = name.split(":")
-                config = {"cluster": spec, "task": {"type": job, "index": int(index)}}
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "worker", str(TASK), str(iters), str(warmup)],
-                    cwd=REPO, env={**env, "TF_CONFIG": json.dumps(config)},
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+            # Started 16 at a time, as clusterctl does (cluster/ctl/_attempt.py).
+            with ThreadPoolExecutor(16) as pool:
+                futures = {name: pool.submit(spawn, name) for name in names}
+            errors = [f.exception() for f in futures.values() if f.exception() is not None]
+            for name, future in futures.items():
+                if future.exception() is not None:
+                    continue
+                proc = future.result()
                 task = Task(name, proc, os.pidfd_open(proc.pid))
                 self.tasks[name] = task
                 os.set_blocking(proc.stdout.fileno(), False)
                 self.sel.register(proc.stdout, selectors.EVENT_READ, ("out", task))
                 self.sel.register(task.pidfd, selectors.EVENT_READ, ("exit", task))
+            if errors:
+                raise errors[0]
         except BaseException:
             self.close()
             raise
@@ -209,10 +223,12 @@ def bench(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, st
             "1st coll s": f"{first:.1f}",
             "beyond s": "-" if interp is None else f"{first - interp:.1f}",
             "4 KiB ms": f"{statistics.median(slowest) * 1e3:.2f}",
-            "threads task (coord)": f"{_spread([u[0] for u in workers], 'd')} ({coord[0]})",
-            "fds task (coord)": f"{_spread([u[1] for u in workers], 'd')} ({coord[1]})",
-            "RSS MiB task (coord)": f"{_spread([u[2] for u in workers], '.0f')} "
-                                    f"({coord[2]:.0f})",
+            "threads task": _spread([u[0] for u in workers], "d"),
+            "threads coord": str(coord[0]),
+            "fds task": _spread([u[1] for u in workers], "d"),
+            "fds coord": str(coord[1]),
+            "RSS MiB task": _spread([u[2] for u in workers], ".0f"),
+            "RSS MiB coord": f"{coord[2]:.0f}",
         })
         for t in group.tasks.values():
             t.proc.stdin.write(b"go\n")
@@ -242,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--path", default="auto", choices=["auto", "network"],
                         help="CLUSTER_COLLECTIVE_PATH of the tasks")
+    parser.add_argument("--heartbeat-timeout", type=float,
+                        help="CLUSTER_HEARTBEAT_TIMEOUT of the tasks (default: theirs, 5 s)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip timing bare interpreters (the interp s column)")
     parser.add_argument("--timeout", type=float, default=300.0,
@@ -253,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "CLUSTER_TOKEN": secrets.token_urlsafe(32), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", "CLUSTER_CONNECT_TIMEOUT": f"{args.timeout:g}",
            "CLUSTER_COLLECTIVE_PATH": args.path}
+    if args.heartbeat_timeout:
+        env["CLUSTER_HEARTBEAT_TIMEOUT"] = f"{args.heartbeat_timeout:g}"
     rows = []
     for n in counts:
         load = os.getloadavg()[0]

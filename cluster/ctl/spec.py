@@ -34,7 +34,7 @@ __all__ = [
     "parse_cluster_file",
 ]
 
-MAX_TASKS = 1024  # default limits.max_tasks: what one host is known to hold (see README "Scale")
+MAX_TASKS = 1024  # default limits.max_tasks (README: "Limits at scale")
 RESERVED_ENV = ("TF_CONFIG", "CLUSTER_TOKEN", "CLUSTER_ERROR_FILE", "CLUSTER_LAUNCHER_PID",
                 "CLUSTER_RESTART_COUNT")
 RESTART_POLICIES = ("exit-code", "on-failure", "never")
@@ -456,7 +456,7 @@ def _check_counts(c: Checker, top: dict[str, Located], jobs: tuple[JobSpec, ...]
         c.add(line, f"cluster.{biggest.name}", f"{total} tasks ({per_job}) exceed "
               f"limits.max_tasks = {limits.max_tasks}",
               f"if this is no typo, add `limits: {{max_tasks: {total}}}` (each task is a "
-              "process with its own interpreter; see the README's \"Scale\" section)")
+              "process with its own interpreter; see the README's \"Limits at scale\")")
     counted = sum(job.count for job in jobs if job.addresses is None)
     if port_base is not None and port_base + counted - 1 > 65535:
         c.add(top["port_base"].line, "port_base", f"{counted} consecutive ports from "

@@ -1,19 +1,23 @@
 """Limits at scale: an absurd task count is refused before any port is chosen, ``limits.max_tasks``
-raises the bound, and the port picker holds 256 sockets at once within the descriptor limit.
-No task process is started; the descriptor tests run in a child interpreter (they change its
-RLIMIT_NOFILE, never the test runner's)."""
+raises the bound, the port picker holds 256 sockets at once within the descriptor limit, and
+``launch`` starts tasks concurrently. The descriptor tests run in a child interpreter (they
+change its RLIMIT_NOFILE, never the test runner's); the start tests run trivial processes in
+place of tasks."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from cluster.ctl import cli, ports
+from cluster.ctl import cli, launcher, ports
+from cluster.ctl._task_process import TaskProcess, TaskStartError
 from cluster.ctl.cli import main
 from cluster.ctl.spec import MAX_TASKS, ClusterFile, JobSpec, Limits, parse_cluster_file
 from cluster.errors import ClusterFileError
@@ -150,3 +154,49 @@ def test_a_hard_limit_too_low_is_a_clear_error_before_binding() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "refused: [Errno 24] choosing 256 ports needs about" in proc.stdout
     assert "the hard limit (RLIMIT_NOFILE) is 100: raise it" in proc.stdout
+
+
+# -- concurrent start --------------------------------------------------------------------------
+
+
+def _spec(tmp_path: Path, workers: int):
+    (tmp_path / "train.py").write_text("")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"entrypoint: train.py\ncluster: {{worker: {workers}}}\n"
+                    "timeouts: {grace: 5}\n")
+    return parse_cluster_file(path.read_text(), path)
+
+
+def test_launch_starts_tasks_concurrently(tmp_path, monkeypatch) -> None:
+    """16 starts must be under way at once: each waits on a barrier of 16 before its process
+    exists, which sequential starts could never pass (no timing involved)."""
+    barrier = threading.Barrier(16, timeout=30)
+    start = TaskProcess.start
+
+    def waiting_start(self, argv, *, cwd, env, header):
+        barrier.wait()
+        start(self, [sys.executable, "-c", "pass"], cwd=cwd, env=env, header=header)
+
+    monkeypatch.setattr(TaskProcess, "start", waiting_start)
+    out = io.StringIO()
+    result = launcher.launch(_spec(tmp_path, 16), out=out, color="never",
+                             run_dir=tmp_path / "run")
+    assert result.exit_code == 0, out.getvalue()
+    assert "started 16 tasks in " in out.getvalue()
+
+
+def test_a_task_that_cannot_start_stops_the_ones_started_beside_it(tmp_path, monkeypatch,
+                                                                   marker) -> None:
+    start = TaskProcess.start
+
+    def one_fails(self, argv, *, cwd, env, header):
+        if self.name == "worker:5":
+            raise TaskStartError(self.name, FileNotFoundError(2, "no such file", "python"))
+        start(self, [sys.executable, "-c", "import time; time.sleep(60)"], cwd=cwd,
+              env={**env, "CLUSTER_TEST_MARKER": marker}, header=header)
+
+    monkeypatch.setattr(TaskProcess, "start", one_fails)
+    with pytest.raises(launcher.LaunchError, match="cannot start worker:5: "):
+        launcher.launch(_spec(tmp_path, 12), out=io.StringIO(), color="never",
+                        run_dir=tmp_path / "run")
+    # the marker fixture fails the test if any of the 11 sleepers is left
