@@ -38,6 +38,7 @@ from cluster.ctl import policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
 from cluster.ctl._task_process import TaskStartError
+from cluster.ctl.ports import ensure_fd_limit
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import assign_addresses
 from cluster.errors import ClusterError
@@ -49,6 +50,8 @@ EXIT_RUN_FAILED = 1
 EXIT_RUN_TIMEOUT = 124
 PORT_RETRIES = 3
 TASK_RESTART_DELAY = 1.0  # seconds before a dead worker is started again (coordinator mode)
+_FDS_PER_TASK = 3  # the launcher's output pipe, pidfd and log file of each task
+_LISTED_ADDRESSES = 16  # beyond this many tasks the start line abridges the addresses
 
 
 class LaunchError(ClusterError):
@@ -100,6 +103,15 @@ def _new_run_dir(spec: ClusterFile) -> Path:
     raise LaunchError(f"cannot create a run directory under {spec.log_dir}")
 
 
+def _where(addresses: dict[str, list[str]]) -> str:
+    """Every task's address for the start line; a large cluster's are abridged (every
+    ``TF_CONFIG`` is still in each task's environment, ``clusterctl render`` prints them)."""
+    pairs = [f"{job}:{i} {a}" for job, addrs in addresses.items() for i, a in enumerate(addrs)]
+    if len(pairs) <= _LISTED_ADDRESSES:
+        return ", ".join(pairs)
+    return f"{len(pairs)} tasks, {', '.join(pairs[:3])}, ..., {pairs[-1]}"
+
+
 def _summary(result: LaunchResult, name: str) -> str:
     verdict = "succeeded" if result.succeeded else "FAILED"
     if result.interrupted is not None:
@@ -139,6 +151,10 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     token = secrets.token_urlsafe(32)
     started = time.monotonic()
     restarts, port_retries, attempts = 0, PORT_RETRIES, 0
+    try:  # per task: its output pipe, its pidfd, its log (the ports are checked when chosen)
+        ensure_fd_limit(_FDS_PER_TASK * len(names), f"supervising {len(names)} tasks")
+    except OSError as e:
+        raise LaunchError(str(e)) from e
     signals = SignalPipe()
     try:
         with signals.installed(handle_signals):
@@ -148,8 +164,7 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                     addresses = assign_addresses(spec)
                 except OSError as e:
                     raise LaunchError(str(e)) from e
-                where = ", ".join(f"{job}:{i} {a}" for job, addrs in addresses.items()
-                                  for i, a in enumerate(addrs))
+                where = _where(addresses)
                 console.info(f"run {spec.name} attempt {attempts}: {where}; logs in {run_dir}")
                 attempt = Attempt(spec, console, run_dir, token, addresses, restarts, signals,
                                   attempts, restart_delay=TASK_RESTART_DELAY)

@@ -6,13 +6,51 @@ cannot reserve them: the sockets are closed before the ports are handed out, so 
 may bind one before its task does. Whoever uses a chosen port must handle "address in use"
 (a task exits 203 and the launcher chooses again; a test that needs a port held should keep its
 own socket bound instead).
+
+Holding ``n`` sockets at once needs ``n`` file descriptors beyond those already open:
+:func:`ensure_fd_limit` raises the soft ``RLIMIT_NOFILE`` (often 1024) up to the hard limit when
+that is needed, and says which limit to raise when even the hard limit is too low.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import resource
 import socket
 
-__all__ = ["pick_free_ports"]
+__all__ = ["ensure_fd_limit", "pick_free_ports"]
+
+_FD_SLACK = 64  # descriptors kept free for what the process opens meanwhile (logs, pipes, gRPC)
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc: count nothing, the slack covers the usual few
+        return 0
+
+
+def ensure_fd_limit(extra: int, what: str) -> int:
+    """Make room for ``extra`` more open file descriptors than this process holds now (plus a
+    slack), raising the soft ``RLIMIT_NOFILE`` towards the hard limit if needed; returns the
+    soft limit in force. ``what`` names the need in the error (``"choosing 256 ports"``).
+
+    Raises:
+        OSError: (``EMFILE``) even the hard limit is too low; the message says how many
+            descriptors are needed and to raise ``ulimit -Hn``.
+    """
+    needed = _open_fds() + extra + _FD_SLACK
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return soft
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        raise OSError(errno.EMFILE, f"{what} needs about {needed} open files but the hard "
+                      f"limit (RLIMIT_NOFILE) is {hard}: raise it (`ulimit -Hn {needed}` as "
+                      "root, or LimitNOFILE= in a systemd unit)")
+    target = hard if hard != resource.RLIM_INFINITY else needed
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
 
 
 def _bind_host(host: str) -> tuple[int, str]:
@@ -29,8 +67,10 @@ def pick_free_ports(host: str, n: int) -> list[int]:
     leaves). ``host`` is an IPv4 address, a name, or an IPv6 address with or without brackets.
 
     Raises:
-        OSError: ``host`` cannot be bound at all; the message names the host.
+        OSError: ``host`` cannot be bound at all (the message names the host), or ``n``
+            sockets cannot be open at once (see :func:`ensure_fd_limit`).
     """
+    ensure_fd_limit(n, f"choosing {n} ports")
     family, bare = _bind_host(host)
     sockets = []
     try:

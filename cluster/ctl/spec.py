@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster._placement import JOB_NAMES, check_address
+from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
 from cluster.ctl._yaml import Located, YamlError, load
 from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
 from cluster.errors import ClusterFileError
@@ -24,6 +25,8 @@ __all__ = [
     "MODES",
     "ClusterFile",
     "JobSpec",
+    "Limits",
+    "MAX_TASKS",
     "Problem",
     "RestartPolicy",
     "Timeouts",
@@ -31,28 +34,13 @@ __all__ = [
     "parse_cluster_file",
 ]
 
+MAX_TASKS = 1024  # default limits.max_tasks (README: "Limits at scale")
 RESERVED_ENV = ("TF_CONFIG", "CLUSTER_TOKEN", "CLUSTER_ERROR_FILE", "CLUSTER_LAUNCHER_PID",
                 "CLUSTER_RESTART_COUNT")
 RESTART_POLICIES = ("exit-code", "on-failure", "never")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem of a cluster file, printed as ``FILE:LINE: KEY: message`` + hint."""
-
-    file: str
-    line: int
-    key: str
-    message: str
-    hint: str = ""
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        text = f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
-        return f"{text}\n  hint: {self.hint}" if self.hint else text
 
 
 @dataclass(frozen=True)
@@ -87,6 +75,19 @@ class RestartPolicy:
         if (self.max_restarts < 0 or self.policy not in RESTART_POLICIES
                 or self.max_worker_restarts < 0):
             raise ValueError(f"invalid restart policy: {self}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sanity bounds checked before anything is started. ``max_tasks``: most tasks (of every
+    job) one cluster file may have; a file over it is refused before a port is chosen, so a
+    typo like ``worker: 100000`` costs nothing. Raise it with ``limits: {max_tasks: N}``."""
+
+    max_tasks: int = MAX_TASKS
+
+    def __post_init__(self) -> None:
+        if not self.max_tasks >= 1:
+            raise ValueError(f"limits.max_tasks must be >= 1, got {self.max_tasks!r}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class ClusterFile:
     log_dir: Path = Path("runs")
     timeouts: Timeouts = Timeouts()
     mode: str = COLLECTIVE
+    limits: Limits = Limits()
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -133,6 +135,9 @@ class ClusterFile:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == COORDINATOR and not (self.has_chief and self.count("worker")):
             raise ValueError("mode coordinator needs a chief and at least one worker")
+        total = sum(job.count for job in self.jobs)
+        if total > self.limits.max_tasks:
+            raise ValueError(f"{total} tasks exceed limits.max_tasks = {self.limits.max_tasks}")
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every task as ``(job, index)``, in cluster order."""
@@ -166,79 +171,13 @@ class ClusterFile:
 
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
-             "port_base", "restart", "log_dir", "timeouts")
+             "port_base", "restart", "log_dir", "timeouts", "limits")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
+_LIMIT_KEYS = ("max_tasks",)
 
 
-class _Checker:
-    """Collects problems while reading a Located tree."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.problems: list[Problem] = []
-
-    def add(self, line: int, key: str, message: str, hint: str = "") -> None:
-        self.problems.append(Problem(self.file, line, key, message, hint))
-
-    def mapping(self, node: Located, key: str, allowed: tuple[str, ...],
-                what: str) -> dict[str, Located] | None:
-        if not isinstance(node.value, dict):
-            self.add(node.line, key, f"expected a mapping of {what}, got {_kind(node.value)}")
-            return None
-        for name, line in node.key_lines.items():
-            if name not in allowed:
-                full = f"{key}.{name}" if key else name
-                close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-                known = "jobs are" if key == "cluster" else "known keys:"
-                hint = (f'did you mean "{close[0]}"?' if close
-                        else f"{known} {', '.join(allowed)}")
-                kind = "job" if key == "cluster" else "key"
-                self.add(line, full, f"unknown {kind} {name!r}", hint)
-        return node.value
-
-    def number(self, node: Located, key: str, *, minimum: float, strict: bool,
-               integer: bool = False) -> float | None:
-        value = node.value
-        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok_type:
-            kind = "an integer" if integer else "a number"
-            self.add(node.line, key, f"expected {kind}, got {_kind(value)}")
-            return None
-        if value < minimum or (strict and value == minimum):
-            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            self.add(node.line, key, f"must be {bound}, got {value}")
-            return None
-        return value
-
-    def string(self, node: Located, key: str) -> str | None:
-        if not isinstance(node.value, str) or not node.value:
-            self.add(node.line, key, f"expected a non-empty string, got {_kind(node.value)}")
-            return None
-        return node.value
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _scalar_text(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int, float)):
-        return str(value)
-    return None
-
-
-def _jobs(c: _Checker, node: Located) -> list[JobSpec]:
+def _jobs(c: Checker, node: Located) -> list[JobSpec]:
     before = len(c.problems)
     jobs_node = c.mapping(node, "cluster", JOB_NAMES, "job names to task counts or addresses")
     if jobs_node is None:
@@ -269,7 +208,7 @@ def _jobs(c: _Checker, node: Located) -> list[JobSpec]:
         value = job.value
         if isinstance(value, bool) or not isinstance(value, int):
             c.add(job.line, key, f"expected a task count or a list of addresses, got "
-                  f"{_kind(value)}", 'e.g. `worker: 2` or `worker: ["host0:2222", "host1:2222"]`')
+                  f"{kind_of(value)}", 'e.g. `worker: 2` or `worker: ["host0:2222", "host1:2222"]`')
             continue
         if value < 0:
             c.add(job.line, key, f"negative task count {value}",
@@ -290,13 +229,13 @@ _MODE_HINT = (f"{COLLECTIVE} (default: chief and workers all run the entrypoint)
               f"{COORDINATOR} (parameter-server training: only the chief runs it)")
 
 
-def _mode(c: _Checker, node: Located) -> str | None:
+def _mode(c: Checker, node: Located) -> str | None:
     value = node.value
     if isinstance(value, str) and value in MODES:
         return value
     allowed = ", ".join(MODES)
     if not isinstance(value, str):
-        c.add(node.line, "mode", f"expected one of {allowed}, got {_kind(value)}", _MODE_HINT)
+        c.add(node.line, "mode", f"expected one of {allowed}, got {kind_of(value)}", _MODE_HINT)
         return None
     close = difflib.get_close_matches(value, MODES, n=1)
     c.add(node.line, "mode", f"unknown mode {value!r} (allowed: {allowed})",
@@ -304,7 +243,7 @@ def _mode(c: _Checker, node: Located) -> str | None:
     return None
 
 
-def _check_coordinator(c: _Checker, node: Located, jobs: tuple[JobSpec, ...]) -> None:
+def _check_coordinator(c: Checker, node: Located, jobs: tuple[JobSpec, ...]) -> None:
     """``mode: coordinator`` needs a chief (it runs the entrypoint, the ClusterCoordinator)
     and a worker (the coordinator schedules functions on workers); ps may be 0 or more."""
     counts = {j.name: j.count for j in jobs}
@@ -329,7 +268,7 @@ class _Where:
     mode_ok: bool = True  # False when ``mode:`` itself was invalid
 
 
-def _name(c: _Checker, top: dict[str, Located], where: _Where) -> str:
+def _name(c: Checker, top: dict[str, Located], where: _Where) -> str:
     name = where.base.name or "cluster"
     if "name" in top:
         given = c.string(top["name"], "name")
@@ -341,7 +280,7 @@ def _name(c: _Checker, top: dict[str, Located], where: _Where) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
-def _program(c: _Checker, top: dict[str, Located], where: _Where) -> dict[str, Any]:
+def _program(c: Checker, top: dict[str, Located], where: _Where) -> dict[str, Any]:
     """``entrypoint`` (a script, resolved) or ``module``: exactly one."""
     if "entrypoint" in top and "module" in top:
         c.add(top["module"].line, "module", "give either entrypoint or module, not both")
@@ -364,22 +303,22 @@ def _program(c: _Checker, top: dict[str, Located], where: _Where) -> dict[str, A
     return {}
 
 
-def _args(c: _Checker, node: Located) -> tuple[str, ...] | None:
+def _args(c: Checker, node: Located) -> tuple[str, ...] | None:
     if not isinstance(node.value, list):
-        c.add(node.line, "args", f"expected a list, got {_kind(node.value)}",
+        c.add(node.line, "args", f"expected a list, got {kind_of(node.value)}",
               'e.g. args: ["--epochs", "3"]')
         return None
     args = []
     for i, item in enumerate(node.value):
-        text_value = _scalar_text(item.value)
+        text_value = scalar_text(item.value)
         if text_value is None:
-            c.add(item.line, f"args[{i}]", f"expected a string, got {_kind(item.value)}")
+            c.add(item.line, f"args[{i}]", f"expected a string, got {kind_of(item.value)}")
         else:
             args.append(text_value)
     return tuple(args)
 
 
-def _workdir(c: _Checker, top: dict[str, Located], where: _Where) -> Path:
+def _workdir(c: Checker, top: dict[str, Located], where: _Where) -> Path:
     if "workdir" not in top:
         return where.base
     workdir = c.string(top["workdir"], "workdir")
@@ -391,27 +330,27 @@ def _workdir(c: _Checker, top: dict[str, Located], where: _Where) -> Path:
     return resolved
 
 
-def _env(c: _Checker, node: Located) -> dict[str, str] | None:
+def _env(c: Checker, node: Located) -> dict[str, str] | None:
     if not isinstance(node.value, dict):
-        c.add(node.line, "env", f"expected a mapping of variables, got {_kind(node.value)}",
+        c.add(node.line, "env", f"expected a mapping of variables, got {kind_of(node.value)}",
               "e.g. env: {OMP_NUM_THREADS: \"1\"}")
         return None
     env = {}
     for var, item in node.value.items():
         line = node.key_lines[var]
-        text_value = _scalar_text(item.value)
+        text_value = scalar_text(item.value)
         if not _ENV_RE.match(var):
             c.add(line, f"env.{var}", "not a valid environment variable name")
         elif var in RESERVED_ENV:
             c.add(line, f"env.{var}", "is set by clusterctl for each task", "remove it from env")
         elif text_value is None:
-            c.add(item.line, f"env.{var}", f"expected a string, got {_kind(item.value)}")
+            c.add(item.line, f"env.{var}", f"expected a string, got {kind_of(item.value)}")
         else:
             env[var] = text_value
     return env
 
 
-def _cluster(c: _Checker, top: dict[str, Located], where: _Where) -> tuple[JobSpec, ...] | None:
+def _cluster(c: Checker, top: dict[str, Located], where: _Where) -> tuple[JobSpec, ...] | None:
     """The jobs, and in coordinator mode the jobs that mode needs (when the jobs are valid)."""
     if "cluster" not in top:
         c.add(where.root_line, "cluster", "missing", "add e.g. `cluster: {chief: 1, worker: 2}`")
@@ -423,7 +362,7 @@ def _cluster(c: _Checker, top: dict[str, Located], where: _Where) -> tuple[JobSp
     return jobs
 
 
-def _host(c: _Checker, node: Located) -> str | None:
+def _host(c: Checker, node: Located) -> str | None:
     host = c.string(node, "host")
     if host is not None and (":" in host.strip("[]") and not host.startswith("[")):
         c.add(node.line, "host", f"{host!r}: give the host only; ports are chosen",
@@ -432,7 +371,7 @@ def _host(c: _Checker, node: Located) -> str | None:
     return host
 
 
-def _port_base(c: _Checker, node: Located) -> int | None:
+def _port_base(c: Checker, node: Located) -> int | None:
     port = c.number(node, "port_base", minimum=1, strict=False, integer=True)
     if port is not None and port > 65535:
         c.add(node.line, "port_base", f"port {port} is above 65535")
@@ -440,7 +379,7 @@ def _port_base(c: _Checker, node: Located) -> int | None:
     return None if port is None else int(port)
 
 
-def _restart(c: _Checker, node: Located, where: _Where) -> RestartPolicy | None:
+def _restart(c: Checker, node: Located, where: _Where) -> RestartPolicy | None:
     restart = c.mapping(node, "restart", _RESTART_KEYS, "restart settings")
     if restart is None:
         return None
@@ -472,14 +411,14 @@ def _restart(c: _Checker, node: Located, where: _Where) -> RestartPolicy | None:
     return RestartPolicy(**kwargs)
 
 
-def _log_dir(c: _Checker, top: dict[str, Located], where: _Where) -> Path:
+def _log_dir(c: Checker, top: dict[str, Located], where: _Where) -> Path:
     log_dir = c.string(top["log_dir"], "log_dir") if "log_dir" in top else None
     if log_dir is None:
         return where.base / "runs"
     return (where.base / Path(log_dir).expanduser()).resolve()
 
 
-def _timeouts(c: _Checker, node: Located) -> Timeouts | None:
+def _timeouts(c: Checker, node: Located) -> Timeouts | None:
     timeouts = c.mapping(node, "timeouts", _TIMEOUT_KEYS, "timeouts in seconds")
     if timeouts is None:
         return None
@@ -493,7 +432,38 @@ def _timeouts(c: _Checker, node: Located) -> Timeouts | None:
     return Timeouts(**kwargs)
 
 
-def _top_level(file: str, text: str, c: _Checker) -> tuple[Located, dict[str, Located]]:
+def _limits(c: Checker, node: Located) -> Limits | None:
+    limits = c.mapping(node, "limits", _LIMIT_KEYS, "limits")
+    if limits is None:
+        return None
+    if "max_tasks" not in limits:
+        return Limits()
+    n = c.number(limits["max_tasks"], "limits.max_tasks", minimum=1, strict=False, integer=True)
+    return None if n is None else Limits(max_tasks=int(n))
+
+
+def _check_counts(c: Checker, top: dict[str, Located], jobs: tuple[JobSpec, ...],
+                  limits: Limits, port_base: int | None) -> None:
+    """The total number of tasks against ``limits.max_tasks``, and ``port_base``'s range:
+    checked here, before any port is chosen or any process started (a ``worker: 100000``
+    typo would otherwise bind thousands of sockets before failing)."""
+    total = sum(job.count for job in jobs)
+    if total > limits.max_tasks:
+        biggest = max(jobs, key=lambda j: j.count)
+        cluster = top["cluster"].value
+        line = cluster[biggest.name].line if isinstance(cluster, dict) else top["cluster"].line
+        per_job = ", ".join(f"{j.name}: {j.count}" for j in jobs)
+        c.add(line, f"cluster.{biggest.name}", f"{total} tasks ({per_job}) exceed "
+              f"limits.max_tasks = {limits.max_tasks}",
+              f"if this is no typo, add `limits: {{max_tasks: {total}}}` (each task is a "
+              "process with its own interpreter; see the README's \"Limits at scale\")")
+    counted = sum(job.count for job in jobs if job.addresses is None)
+    if port_base is not None and port_base + counted - 1 > 65535:
+        c.add(top["port_base"].line, "port_base", f"{counted} consecutive ports from "
+              f"{port_base} go past 65535", f"use port_base <= {max(1, 65536 - counted)}")
+
+
+def _top_level(file: str, text: str, c: Checker) -> tuple[Located, dict[str, Located]]:
     """The YAML's top-level mapping; raises :class:`ClusterFileError` when there is none."""
     try:
         root = load(text)
@@ -517,7 +487,7 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     only after adding a problem); sections are read in a fixed order, so problems on the same
     line keep a stable order.
     """
-    c = _Checker(str(path))
+    c = Checker(str(path))
     root, top = _top_level(str(path), text, c)
     where = _Where(base=path.resolve().parent, root_line=root.line)
     values: dict[str, Any] = {"name": _name(c, top, where)}
@@ -542,6 +512,11 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     values["log_dir"] = _log_dir(c, top, where)
     if "timeouts" in top:
         values["timeouts"] = _timeouts(c, top["timeouts"])
+    if "limits" in top:
+        values["limits"] = _limits(c, top["limits"])
+    if values["jobs"] and values.get("limits", Limits()) is not None:
+        _check_counts(c, top, values["jobs"], values.get("limits", Limits()),
+                      values.get("port_base"))
     if c.problems:
         raise ClusterFileError(sorted(c.problems, key=lambda p: p.line))
     return ClusterFile(path=path.resolve(), **values)
