@@ -119,14 +119,15 @@ class CoordinationService:
     """
 
     def __init__(self, me: str, tasks: Sequence[str], digest: bytes, *, interval: float,
-                 timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout: float, startup_timeout: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.me = me
         self.incarnation = int.from_bytes(os.urandom(8), "little")
         self._digest = digest
         self._interval = interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._membership = Membership(tuple(tasks), timeout)
+        self._membership = Membership(tuple(tasks), timeout, startup_timeout=startup_timeout)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._expire_loop, name="coordination-clock",
                                         daemon=True)
@@ -223,6 +224,7 @@ class CoordinationClient:
 
     def __init__(self, me: str, incarnation: int, coordinator: tuple[str, str], digest: bytes,
                  token: Token, *, interval: float, timeout: float,
+                 startup_timeout: float | None = None, cluster_size: int = 1,
                  on_event: Callable[[Event], None],
                  on_coordinator_lost: Callable[[PeerUnavailableError], None]) -> None:
         self.me = me
@@ -232,6 +234,7 @@ class CoordinationClient:
         self._token = token
         self._interval = interval
         self._timeout = timeout
+        self._startup_timeout = max(timeout, startup_timeout or 0.0)
         self._on_event = on_event
         self._on_lost = on_coordinator_lost
         # Small messages only: no bulk-transfer buffers (they cost ~250 KiB per connection).
@@ -248,7 +251,7 @@ class CoordinationClient:
         self._events_seen = 0
         # Not registered yet, as the last reply said: (first names, count); None: no answer yet.
         self._unregistered: tuple[tuple[str, ...], int] | None = None
-        self._tasks = 1  # the cluster's size, for the join poll; set by wait_for
+        self._tasks = cluster_size  # for the join poll's period
         self._last_answer = time.monotonic()
         self._lost: PeerUnavailableError | None = None
         self._stopping = threading.Event()
@@ -328,11 +331,11 @@ class CoordinationClient:
 
     def _period(self) -> float:
         """Until everyone has registered, ask more often (the start-up barrier waits on it), but
-        no more than ~2000 calls/s for the whole cluster; then every interval, jittered by 10%
+        no more than ~500 calls/s for the whole cluster; then every interval, jittered by 10%
         so that tasks which joined together do not beat together."""
         known = self._unregistered
         if known is None or known[1]:
-            return min(self._interval, max(0.1, self._tasks / 2000))
+            return min(self._interval, max(0.1, self._tasks / 500))
         return self._interval * random.uniform(0.9, 1.1)
 
     def _run(self) -> None:
@@ -371,7 +374,12 @@ class CoordinationClient:
     def _no_answer(self, status: str) -> None:
         with self._changed:
             silent = time.monotonic() - self._last_answer
-            if self._lost is not None or silent <= self._timeout or self._stopping.is_set():
+            known = self._unregistered
+            # Until everyone has registered, a coordinator starved while interpreters start
+            # gets the start-up deadline, not the heartbeat timeout.
+            starting = known is None or known[1] > 0
+            bound = self._startup_timeout if starting else self._timeout
+            if self._lost is not None or silent <= bound or self._stopping.is_set():
                 return
             self._lost = PeerUnavailableError(
                 f"{self._peer()} is unavailable: no answer for {silent:.1f} s [{status}]",

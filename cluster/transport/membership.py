@@ -83,6 +83,7 @@ class Membership:
     timeout: float
     max_events: int = 256
     max_listed: int = 64
+    startup_timeout: float | None = None  # the silence allowed until every task registered
     _members: dict[str, _Member] = field(init=False)
     _waiting: int = field(init=False, default=0)  # tasks never registered: no scan per beat
     _events: list[Event] = field(init=False, default_factory=list)
@@ -108,6 +109,11 @@ class Membership:
         member = self._member(task)
         if member.incarnation is None:
             self._waiting -= 1
+            if self._waiting == 0 and self.startup_timeout is not None:
+                # Start-up is over: every task's silence counts from now (a coordinator starved
+                # while interpreters start must not then declare them all lost at once).
+                for other in self._members.values():
+                    other.last_seen = max(other.last_seen, now)
         if member.incarnation != incarnation:
             self._members[task] = _Member(incarnation, now)
         else:
@@ -158,13 +164,17 @@ class Membership:
     # -- the coordinator's clock ---------------------------------------------------------------
 
     def expire(self, now: float) -> list[Event]:
-        """Declare every registered task silent for more than ``timeout`` lost; the new events."""
+        """Declare every registered task silent for more than ``timeout`` lost (more than
+        ``startup_timeout``, when given, until every task has registered); the new events."""
+        bound = self.timeout
+        if self._waiting and self.startup_timeout is not None:
+            bound = max(self.timeout, self.startup_timeout)
         found = []
         for task, member in self._members.items():
             if member.incarnation is None or member.lost or member.failed or member.left:
                 continue
             silent = now - member.last_seen
-            if silent > self.timeout:
+            if silent > bound:
                 event = Event(EventKind.LOST, task,
                               message=f"no heartbeat for {silent:.1f} s")
                 member.lost = True

@@ -127,3 +127,20 @@ def test_large_clusters_stretch_the_heartbeat_to_what_one_coordinator_answers(
 
     got = coordination_timing(tasks, interval, timeout)
     assert got == pytest.approx(expected)
+
+
+def test_until_every_task_registered_silence_is_judged_by_the_startup_timeout() -> None:
+    m = Membership(TASKS, timeout=5.0, startup_timeout=60.0)
+    m.register("chief:0", 1, now=0.0)
+    m.register("worker:0", 2, now=0.0)
+    assert m.expire(30.0) == []           # worker:1 not up yet: a starved start is no loss
+    assert [e.task for e in m.expire(61.0)] == ["chief:0", "worker:0"]
+
+
+def test_when_the_last_task_registers_every_silence_counts_from_then() -> None:
+    m = Membership(TASKS, timeout=5.0, startup_timeout=60.0)
+    m.register("chief:0", 1, now=0.0)
+    m.register("worker:0", 2, now=0.0)
+    m.register("worker:1", 3, now=40.0)   # start-up ends at 40 s
+    assert m.expire(44.0) == []
+    assert {e.task for e in m.expire(45.5)} == set(TASKS)
