@@ -161,7 +161,7 @@ ENV_VARS = (
     (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
     (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
-    (ENV_HEARTBEAT_INTERVAL, "1", "Seconds between heartbeats."),
+    (ENV_HEARTBEAT_INTERVAL, "1", "Seconds between heartbeats (stretched beyond 1000 tasks)."),
     (ENV_HEARTBEAT_TIMEOUT, "5", "Seconds of silence after which a peer is lost."),
     (ENV_FUNCTION_TIMEOUT, "3600", "Seconds a coordinator's function may run on a worker."),
     (ENV_DATA_PLANE, "tcp", "`tcp` or `grpc`: how collective tensors travel."),
