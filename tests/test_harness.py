@@ -75,7 +75,8 @@ def test_close_kills_what_the_task_started(start, marker) -> None:
 
 def test_stderr_apart_and_a_log_file(start, tmp_path) -> None:
     log = tmp_path / "task.log"
-    proc = start("import sys; print('out', flush=True); print('err', file=sys.stderr)",
+    # One write per line: the log interleaves the two streams by the chunks read from them.
+    proc = start("import sys; sys.stdout.write('out\\n'); sys.stderr.write('err\\n')",
                  merge_stderr=False, log=log)
     assert proc.finish(timeout=20) == (0, "out\nerr\n")
     assert proc.stdout == "out\n"
