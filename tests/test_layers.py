@@ -44,8 +44,8 @@ def test_cluster_never_imports_process_entry_points(upper: str) -> None:
 # The process entry points may read the environment; below them, only cluster/settings.py does
 # (DESIGN.md: config read once at the edge). resolver/ reads TF_CONFIG and Slurm's variables by
 # contract (TF reads them on every call); cluster/ctl/ is the clusterctl command line;
-# cluster/testing.py is the entry point of the processes it spawns.
-_ENV_READERS = ("cluster/settings.py", "cluster/testing.py", "cluster/ctl/", "worker/", "ps/",
+# cluster/testing/ is the entry point of the processes it spawns.
+_ENV_READERS = ("cluster/settings.py", "cluster/testing/", "cluster/ctl/", "worker/", "ps/",
                 "resolver/")
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import select
-import signal
 import textwrap
 import threading
 import time
@@ -16,7 +14,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from tests.ctl.conftest import processes_with
+from cluster.testing import ConsoleWatch, kill_and_wait, processes_with
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(30)]
 
@@ -82,30 +80,12 @@ def lines_of(out: str, task: str) -> list[str]:
     return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
 
 
-class _Watch(io.StringIO):
-    """Console stream that sets ``event`` once ``text`` was written."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text, self.event = text, threading.Event()
-
-    def write(self, s: str) -> int:
-        if self.text in s:
-            self.event.set()
-        return super().write(s)
-
-
 def task_pid(marker: str, job: str, index: int) -> int:
     """The pid of this test's task ``job:index`` (found by its TF_CONFIG)."""
-    needle = f'"task":{{"type":"{job}","index":{index}}}'.encode()
-    for pid in processes_with(marker):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
-                    return pid
-        except OSError:
-            continue
-    raise AssertionError(f"no process for {job}:{index}")
+    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
+    if not found:
+        raise AssertionError(f"no process for {job}:{index}")
+    return found[0]
 
 
 def launch_and_kill(tmp_path: Path, marker: str, victim: str, expect: str, *, jobs: str,
@@ -116,7 +96,7 @@ def launch_and_kill(tmp_path: Path, marker: str, victim: str, expect: str, *, jo
     os.mkfifo(fifo)
     path = cluster_file(tmp_path, marker, ["--fifo", str(fifo), "--victim", victim,
                                            "--expect", expect], jobs=jobs, extra=extra)
-    out = _Watch("chief: every peer serves")
+    out = ConsoleWatch("chief: every peer serves")
     errors: list[BaseException] = []
 
     def kill_victim() -> None:
@@ -125,12 +105,7 @@ def launch_and_kill(tmp_path: Path, marker: str, victim: str, expect: str, *, jo
                 return
             job, index = victim.split(":")
             pid = task_pid(marker, job, int(index))
-            pidfd = os.pidfd_open(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                assert select.select([pidfd], [], [], 5)[0], f"{victim} did not die"
-            finally:
-                os.close(pidfd)
+            assert kill_and_wait(pid, 5), f"{victim} did not die"
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             os.write(fd, b"killed\n")
             os.close(fd)

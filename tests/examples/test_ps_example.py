@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes.conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,9 +15,12 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from tests.processes.conftest import REPO, SCRIPTS, processes_with
+from cluster.testing import ConsoleWatch, TaskProcess, TaskProcesses, processes_with, wait_gone
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 TOKEN = "test-token-Zq8fW3kP0vY7"  # made recognisable so the test can look for leaks of it
 
@@ -92,25 +92,12 @@ def test_failing_worker_stops_everyone_and_names_the_root_cause(tmp_path, marker
     assert codes["chief:0"] in (143, 201)
 
 
-class _Watch(io.StringIO):
-    """Console stream that sets ``event`` once ``text`` was written."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text, self.event = text, threading.Event()
-
-    def write(self, s: str) -> int:
-        if self.text in s:
-            self.event.set()
-        return super().write(s)
-
-
 def test_kill_9_of_a_worker_fails_the_run_naming_it(tmp_path, marker, monkeypatch) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
     path = cluster_file(tmp_path, marker, ["--hang", "all", "--pidfile-dir", str(pids)],
                         jobs="{chief: 1, worker: 2}")
-    out = _Watch("worker:1 all_reduce ->")  # printed after the script wrote its pid file
+    out = ConsoleWatch("worker:1 all_reduce ->")  # printed after the script wrote its pid file
     killed_at: list[float] = []
 
     def kill_victim() -> None:
@@ -141,82 +128,34 @@ def test_restart_succeeds_on_the_second_attempt(tmp_path, marker, monkeypatch) -
     assert "=== attempt 1: worker:1 ===" in log and "=== attempt 2: worker:1 ===" in log
 
 
-def start_clusterctl(path: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "cluster.ctl.cli", "launch", str(path), "--color", "never"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+def start_clusterctl(tasks: TaskProcesses, path: Path) -> TaskProcess:
+    """``clusterctl launch PATH`` (without the marker: only its tasks carry it)."""
+    return tasks.python("-m", "cluster.ctl.cli", "launch", str(path), "--color", "never",
+                        cwd=REPO, name="clusterctl")
 
 
-def read_until_count(proc: subprocess.Popen, text: bytes, count: int,
-                     timeout: float = 30) -> bytes:
-    """Raw output until ``text`` appeared ``count`` times (select against a deadline)."""
-    seen = b""
-    deadline = time.monotonic() + timeout
-    fd = proc.stdout.fileno()
-    while seen.count(text) < count:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, seen.decode()
-        chunk = os.read(fd, 65536)
-        assert chunk, seen.decode()
-        seen += chunk
-    return seen
-
-
-def test_ctrl_c_stops_every_task_and_exits_130(tmp_path, marker) -> None:
+def test_ctrl_c_stops_every_task_and_exits_130(tmp_path, marker, task_processes) -> None:
     path = cluster_file(tmp_path, marker, ["--hang", "all"], jobs="{chief: 1, worker: 1, ps: 1}")
-    proc = start_clusterctl(path)
-    try:
-        seen = read_until_count(proc, b"all_reduce ->", 2)
-        assert len(processes_with(marker)) == 3
-        os.kill(proc.pid, signal.SIGINT)
-        rest, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    out = (seen + rest).decode()
-    assert proc.returncode == 130, out
+    proc = start_clusterctl(task_processes, path)
+    proc.read_until("all_reduce ->", timeout=30, count=2)
+    assert len(processes_with(marker)) == 3
+    proc.kill(signal.SIGINT)
+    code, out = proc.finish(timeout=20)
+    assert code == 130, out
     assert "stopping chief:0, worker:0, ps:0 (clusterctl received SIGINT)" in out
     assert "run test interrupted (SIGINT)" in out
 
 
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Pids still alive after ``timeout`` s (waits on pidfds, no polling)."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    try:
-        deadline = time.monotonic() + timeout
-        pending = set(fds)
-        while pending:
-            ready, _, _ = select.select(list(pending), [], [],
-                                        max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            pending -= set(ready)
-        return [fds[fd] for fd in pending]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def test_tasks_stop_by_themselves_when_clusterctl_is_killed(tmp_path, marker) -> None:
+def test_tasks_stop_by_themselves_when_clusterctl_is_killed(tmp_path, marker,
+                                                            task_processes) -> None:
     path = cluster_file(tmp_path, marker, ["--hang", "all"], jobs="{worker: 2, ps: 1}")
-    proc = start_clusterctl(path)
-    try:
-        read_until_count(proc, b"all_reduce ->", 2)
-        tasks = processes_with(marker)
-        assert len(tasks) == 3
-        proc.kill()
-        proc.communicate(timeout=10)
-        assert _wait_gone(tasks, 15) == []
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    proc = start_clusterctl(task_processes, path)
+    proc.read_until("all_reduce ->", timeout=30, count=2)
+    tasks = processes_with(marker)
+    assert len(tasks) == 3
+    proc.kill()  # clusterctl alone, not its process group
+    proc.finish(timeout=10)
+    assert wait_gone(tasks, 15) == []
 
 
 def test_a_port_taken_before_its_task_binds_is_chosen_again(tmp_path, marker,

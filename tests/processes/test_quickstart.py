@@ -13,7 +13,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import load_cluster_file
-from tests.processes.conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 

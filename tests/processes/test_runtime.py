@@ -22,6 +22,7 @@ from cluster.errors import (
     TaskConfigError,
 )
 from cluster.settings import TaskSettings
+from cluster.testing import loopback_cluster
 from resolver import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,8 +92,7 @@ def test_settings_from_env_name_the_bad_variable() -> None:
 @pytest.fixture
 def pair():
     """chief:0 and worker:0 as two TaskRuntimes in this process."""
-    ports = pick_free_ports("127.0.0.1", 2)
-    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    cluster = loopback_cluster(chief=1, worker=1)
     rts = [runtime.TaskRuntime.create(resolver(cluster, "chief", 0), FAST),
            runtime.TaskRuntime.create(resolver(cluster, "worker", 0), FAST)]
     yield rts
@@ -189,8 +189,7 @@ def test_start_is_idempotent_for_the_same_task_and_refuses_another() -> None:
 
 
 def test_tasks_outside_the_collective_group_get_no_transport() -> None:
-    ports = pick_free_ports("127.0.0.1", 2)
-    cluster = {"worker": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"]}
+    cluster = loopback_cluster(worker=1, ps=1)
     rt = runtime.TaskRuntime.create(resolver(cluster, "ps", 0), FAST)
     try:
         with pytest.raises(TaskConfigError, match="ps:0 is not in the collective group"):

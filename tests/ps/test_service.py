@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
-import select
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +28,7 @@ from cluster.ps import (
     place,
     split,
 )
+from cluster.testing import loopback_cluster, tf_config
 from cluster.transport.auth import Token
 from cluster.transport.ps_client import PsClient
 from cluster.transport.server import TaskServer
@@ -41,7 +36,6 @@ from ps.servicer import PsService
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parents[2]
 TOKEN = Token("s3cret-test-token")
 F32 = np.float32
 
@@ -208,45 +202,21 @@ def test_partitioned_variable_round_trips_over_two_servers(servers) -> None:
         c.close()
 
 
-def _tf_config(port: int) -> str:
-    return json.dumps({"cluster": {"ps": [f"127.0.0.1:{port}"]}, "task": {"type": "ps",
-                                                                         "index": 0}})
-
-
-def _read_until(proc: subprocess.Popen, text: bytes, timeout: float) -> None:
-    seen, fd, end = b"", proc.stdout.fileno(), time.monotonic() + timeout
-    while text not in seen:
-        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
-        assert ready, f"no {text!r} within {timeout} s: {seen!r}"
-        chunk = os.read(fd, 4096)
-        assert chunk, f"output ended before {text!r}: {seen!r}"
-        seen += chunk
-
-
 @pytest.mark.multiprocess
-def test_real_ps_process_serves_then_dies_into_peer_unavailable(marker) -> None:
-    from cluster.ctl.ports import pick_free_ports
-
-    port = pick_free_ports("127.0.0.1", 1)[0]
-    env = {**os.environ, "TF_CONFIG": _tf_config(port), "CLUSTER_TOKEN": TOKEN.value,
-           "CLUSTER_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ps"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        _read_until(proc, b"ps:0: serving the variable store on", timeout=30)
-        with PsClient(f"127.0.0.1:{port}", TOKEN, task="ps:0", timeout=5) as ps:
-            ps.create("w", np.ones(4, F32), optimizer=OptimizerSpec.adam(0.1))
-            ps.push({"w": np.ones(4, F32)})
-            assert ps.pull(["w"])[0].version == 2
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            started = time.monotonic()
-            with pytest.raises(PeerUnavailableError, match=f"ps:0 \\(127.0.0.1:{port}\\)") as e:
-                ps.pull(["w"])
-            assert time.monotonic() - started < 10
-            assert (e.value.task, e.value.address) == ("ps:0", f"127.0.0.1:{port}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=10)
+def test_real_ps_process_serves_then_dies_into_peer_unavailable(marker, task_processes) -> None:
+    cluster = loopback_cluster(ps=1)
+    address = cluster["ps"][0]
+    proc = task_processes.python("-m", "ps", tf_config=tf_config(cluster, "ps", 0), name="ps:0",
+                                 env={"CLUSTER_TOKEN": TOKEN.value, "CLUSTER_TEST_MARKER": marker})
+    proc.read_until("ps:0: serving the variable store on", timeout=30)
+    with PsClient(address, TOKEN, task="ps:0", timeout=5) as ps:
+        ps.create("w", np.ones(4, F32), optimizer=OptimizerSpec.adam(0.1))
+        ps.push({"w": np.ones(4, F32)})
+        assert ps.pull(["w"])[0].version == 2
+        proc.kill(signal.SIGKILL, group=True)
+        proc.wait(timeout=10)
+        started = time.monotonic()
+        with pytest.raises(PeerUnavailableError, match=f"ps:0 \\({address}\\)") as e:
+            ps.pull(["w"])
+        assert time.monotonic() - started < 10
+        assert (e.value.task, e.value.address) == ("ps:0", address)

@@ -1,11 +1,9 @@
-"""Run a function in N real processes that form one gRPC group on loopback (tests, benchmarks).
+"""Run a function in N real processes that form one gRPC group on loopback: :func:`run_group`.
 
-Like TensorFlow's ``multi_process_runner``: one fresh interpreter per rank (``spawn``), each with
-its own task server on ``127.0.0.1:0``; the parent collects the bound ports, hands every child the
-full peer list, and gathers one :class:`RankOutcome` per rank. Every child is reaped before
-:func:`run_group` returns, whatever happened (timeouts kill them), so nothing leaks.
-
-``fn(transport, *args)`` must be a module-level function (it is pickled by reference).
+One fresh interpreter per rank (``spawn``), each with its own task server on ``127.0.0.1:0``;
+the parent collects the bound ports, hands every child the full peer list, and gathers one
+:class:`RankOutcome` per rank. Every child is reaped before :func:`run_group` returns, whatever
+happened (timeouts kill them), so nothing leaks.
 """
 
 from __future__ import annotations
@@ -95,6 +93,10 @@ def run_group(
     connect_timeout: float = 30.0,
 ) -> list[RankOutcome]:
     """Run ``fn(transport, *args)`` on ``world_size`` processes; one outcome per rank.
+
+    One fresh interpreter per rank (``spawn``), each with its own task server on
+    ``127.0.0.1:0``; the parent collects the bound ports and hands every child the full peer
+    list. ``fn`` must be a module-level function (it is pickled by reference).
 
     Raises :class:`GroupTimeoutError` (after killing every child) if any rank is still running
     at ``timeout``. Never leaves a child process behind.
