@@ -28,7 +28,9 @@ from cluster import exitcodes
 from cluster.ctl.ports import pick_free_ports
 from cluster.deadline import Deadline
 from cluster.lifecycle import read_error_file
-from tests.processes.conftest import REPO, SCRIPTS
+from tests.conftest import REPO
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 N = 64
 STARTUP = 150.0  # seconds: 64 interpreters importing numpy and grpc on 2 busy cores
