@@ -211,6 +211,9 @@ def bench(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, st
         stats = {t.name: json.loads(t.has("SCALE ").split(" ", 1)[1])
                  for t in group.tasks.values()}
         usage = {name: proc_usage(t.proc.pid) for name, t in group.tasks.items()}
+        inexact = sorted(name for name, s in stats.items() if not s.get("exact"))
+        if inexact:
+            raise RuntimeError(f"N={n}: all-reduce results not exact on {', '.join(inexact)}")
         joined = max(s["script"] for s in stats.values()) - group.began
         first = max(s["first"] for s in stats.values()) - group.began
         slowest = [max(s["lat"][i] for s in stats.values()) for i in range(args.iters)]
