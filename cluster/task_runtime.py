@@ -175,8 +175,11 @@ class TaskRuntime:
             try:
                 self._coordination.register(deadline)
             except PeersNotReadyError as e:
-                status = e.missing[0][2] if e.missing else "no answer"
-                raise self._not_ready(self.peers(), {self.coordinator: status}, budget) from e
+                # Without the service nothing is known of the others: every peer is listed.
+                status = dict.fromkeys((t for t, _ in self.peers()),
+                                       "unknown: the coordination service never answered")
+                status[self.coordinator] = e.missing[0][2] if e.missing else "no answer"
+                raise self._not_ready(self.peers(), status, budget) from e
             self._coordination.start()
             self._joined = True
 
@@ -220,10 +223,8 @@ class TaskRuntime:
         budget = self.settings.connect_timeout
         try:
             self.join(deadline)
-        except PeersNotReadyError as e:
-            status = {t: "unknown: the coordination service never answered" for t, _ in wanted}
-            status.update({t: s for t, _, s in e.missing if t in status})
-            raise self._not_ready(wanted, status, budget) from None
+        except PeersNotReadyError as e:  # listing every peer: keep those waited for
+            raise self._not_ready(wanted, {t: s for t, _, s in e.missing}, budget) from None
         missing = self._coordination.wait_for([t for t, _ in wanted], deadline,
                                               self._raise_if_peer_failed)
         if missing:
