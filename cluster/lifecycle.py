@@ -17,13 +17,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from cluster import exitcodes
 from cluster.errors import AddressInUseError, ClusterError
 from cluster.settings import ENV_ERROR_FILE, TaskSettings
+from cluster.task_source import complete_tf_config
 
 __all__ = [
     "ErrorRecord",
@@ -144,9 +145,14 @@ def report_startup_failure(program: str, exc: BaseException, code: int,
     return code
 
 
-def start_runtime(program: str, environ: Mapping[str, str], services: Any = None) -> Any:
+def start_runtime(program: str, environ: MutableMapping[str, str], services: Any = None) -> Any:
     """Read the task's settings from ``environ`` and start its runtime (``cluster.runtime``);
     the process entry points' shared start-up.
+
+    First the task's identity is completed (:mod:`cluster.task_source`: a ``TF_CONFIG`` without
+    a task plus ``CLUSTER_TASK_TYPE``/``JOB_COMPLETION_INDEX`` on Kubernetes, or the cluster of
+    a Slurm step) and exported as ``environ["TF_CONFIG"]``, so that the runtime, the strategies
+    and the user's script all read one complete ``TF_CONFIG``.
 
     Returns the :class:`~cluster.runtime.TaskRuntime`, or an ``int`` exit code when the task
     cannot start: the reason is then on stderr and in the error file (bad settings, cluster or
@@ -159,6 +165,15 @@ def start_runtime(program: str, environ: Mapping[str, str], services: Any = None
     except ClusterError as e:
         return report_startup_failure(program, e, exitcodes.EXIT_USAGE,
                                       environ.get(ENV_ERROR_FILE) or None)
+    try:
+        found = complete_tf_config(environ)
+    except ClusterError as e:
+        return report_startup_failure(program, e, exitcodes.EXIT_USAGE, settings.error_file)
+    if found is not None:
+        environ["TF_CONFIG"] = found.tf_config
+        if found.note:
+            log.warning("%s", found.note)
+        log.info("%s is %s (from %s)", program, found.task, found.source)
     try:
         return runtime.start(services=services, settings=settings)
     except AddressInUseError as e:

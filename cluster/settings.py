@@ -158,6 +158,13 @@ class TaskSettings:
 ENV_VARS = (
     ("TF_CONFIG", "unset",
      "The cluster and this task (Kubeflow's TFJob format); read by `resolver`."),
+    ("CLUSTER_TASK_TYPE", "unset",
+     "With a `TF_CONFIG` that has no task: this task's job (Kubernetes pods)."),
+    ("CLUSTER_TASK_INDEX", "unset",
+     "With `CLUSTER_TASK_TYPE`: the index (else Kubernetes' `JOB_COMPLETION_INDEX`)."),
+    ("CLUSTER_SLURM_JOBS", "all workers",
+     "Under `srun` with no `TF_CONFIG`: the jobs, e.g. `chief:1,worker:2,ps:1`."),
+    ("CLUSTER_SLURM_PORT_BASE", "8888", "Under `srun`: the first task port on each node."),
     (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
     (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
