@@ -1,19 +1,21 @@
-"""Fixtures for every test directory: a per-test process marker with its leak check, and the
-task processes a test starts (reaped before the leak check)."""
+"""Fixtures for every test directory: a per-test process marker with its leak check, the task
+processes a test starts (reaped before the leak check), and emulated hosts in network namespaces
+(removed, and checked gone, after the test)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cluster.testing import TaskProcesses, processes_with
+from cluster.testing import netns as _netns
 
-__all__ = ["REPO", "marker", "processes_with", "task_processes"]
+__all__ = ["REPO", "marker", "netns_hosts", "processes_with", "task_processes"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,3 +43,27 @@ def task_processes(marker: str) -> Iterator[TaskProcesses]:
     not added to their environment: pass it in ``env`` where the leak check should see them."""
     with TaskProcesses() as tasks:
         yield tasks
+
+
+@pytest.fixture
+def netns_hosts(task_processes: TaskProcesses) -> Iterator[Callable[..., _netns.NetnsCluster]]:
+    """``netns_hosts(["h1", "h2"], **kwargs)``: a :class:`cluster.testing.netns.NetnsCluster`
+    torn down when the test ends (after its task processes), with a check that its namespaces
+    are gone. Skips, with the reason, where namespaces cannot be made (not root, no iproute2)."""
+    reason = _netns.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    made: list[_netns.NetnsCluster] = []
+
+    def make(names, **kwargs) -> _netns.NetnsCluster:
+        cluster = _netns.NetnsCluster(names, **kwargs)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    task_processes.stop()
+    for cluster in made:
+        cluster.close()
+    left = [ns for ns in _netns.leftover_namespaces()
+            if any(ns.startswith(c.switch[:-3]) for c in made)]
+    assert not left, f"network namespaces left behind: {left}"

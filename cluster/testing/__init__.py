@@ -10,7 +10,10 @@ Like TensorFlow's ``multi_process_runner``, for tests and benchmarks:
   with :meth:`TaskProcess.read_until` against a deadline, never by sleeping;
   :class:`TaskProcesses` reaps every process it started, however the test ends;
 - :func:`processes_with`, :func:`wait_gone` and :func:`kill_and_wait` find a test's processes by
-  a marker in their environment (the leak check) and wait until they are gone.
+  a marker in their environment (the leak check) and wait until they are gone;
+- :mod:`cluster.testing.netns` (imported on its own: it needs root) makes several hosts on this
+  machine, each a network, mount, PID and UTS namespace on one switch, for multi-host and
+  Kubernetes-pod tests, with silent partitions, links down and rate limits.
 
 Every blocking call here takes a timeout and raises a typed error naming the task and what was
 awaited (:class:`TaskTimeoutError`, :class:`TaskExitedError`, :class:`GroupTimeoutError`).
