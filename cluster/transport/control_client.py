@@ -20,6 +20,7 @@ from cluster.transport._grpc_errors import is_unauthenticated, status_name
 from cluster.transport._pb import control_pb2
 from cluster.transport.auth import Token
 from cluster.transport.control import SERVICE
+from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
 
 __all__ = ["CheckAnswer", "ControlClient"]
@@ -33,8 +34,10 @@ class CheckAnswer:
     """One peer's answer to a health check.
 
     ``status``: ``"SERVING"``, ``"WRONG_TASK"`` (another task answers at the address: ``task``
-    says which), another serving status (``"NOT_SERVING"``), or the call's failure status
-    (``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``...).
+    says which), another serving status (``"NOT_SERVING"``), the call's failure status
+    (``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``...), or
+    :data:`~cluster.transport.names.NOT_RESOLVED` (the peer's host name does not resolve yet:
+    no call was made).
     """
 
     status: str
@@ -72,8 +75,12 @@ class ControlClient:
         Raises:
             UnauthenticatedError: a peer refused our token (retrying cannot help).
         """
-        calls = {}
+        calls, answers = {}, {}
         for task, address in peers.items():
+            # Dial only once the name resolves (a pod not published yet is "not ready").
+            if not peer_names.resolves(host_of(address), timeout=min(timeout, 1.0)):
+                answers[task] = CheckAnswer(NOT_RESOLVED)
+                continue
             method = self._channel(task, address).unary_unary(
                 f"/{SERVICE}/Check",
                 request_serializer=control_pb2.HealthCheckRequest.SerializeToString,
@@ -81,7 +88,6 @@ class ControlClient:
             calls[task] = method.future(control_pb2.HealthCheckRequest(expected_task=task),
                                         timeout=timeout, metadata=self._token.metadata,
                                         wait_for_ready=True)
-        answers = {}
         for task, call in calls.items():
             try:
                 reply = call.result()

@@ -45,6 +45,7 @@ from cluster.transport.membership import (
     Membership,
     UnknownTaskError,
 )
+from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CONTROL_CHANNEL_OPTIONS
 
 __all__ = [
@@ -278,15 +279,21 @@ class CoordinationClient:
             task=self.me, incarnation=self.incarnation, coordinator=self.coordinator,
             cluster_digest=self._digest)
         status = "no answer"
+        host = host_of(self.address)
         while True:
-            try:
-                self._register_call(request, timeout=max(0.05, min(2.0, deadline.remaining())),
-                                    metadata=self._token.metadata, wait_for_ready=True)
-                break
-            except grpc.RpcError as e:
-                if fails_at_connect(e):
-                    raise translate(e, self._peer(), f"{self.me}'s registration") from e
-                status = status_name(e)
+            # Dial only once the name resolves (a pod not published yet is "not ready").
+            if not peer_names.resolves(host, timeout=min(1.0, deadline.remaining())):
+                status = NOT_RESOLVED
+            else:
+                try:
+                    self._register_call(request,
+                                        timeout=max(0.05, min(2.0, deadline.remaining())),
+                                        metadata=self._token.metadata, wait_for_ready=True)
+                    break
+                except grpc.RpcError as e:
+                    if fails_at_connect(e):
+                        raise translate(e, self._peer(), f"{self.me}'s registration") from e
+                    status = status_name(e)
             if deadline.expired:
                 raise PeersNotReadyError(
                     f"{self.me}: the coordination service {self._peer()} never answered "

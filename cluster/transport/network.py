@@ -65,6 +65,7 @@ from cluster.transport.auth import Token
 from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.dataplane import DataPlane
 from cluster.transport.endpoint import DATA_PORT_KEY, SERVICE, SRC_RANK_KEY, CollectiveEndpoint
+from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
 from cluster.transport.tcp import TcpDataPlane
 
@@ -129,7 +130,7 @@ class NetworkTransport(Transport):
         if data_plane == "tcp":
             self._tcp = TcpDataPlane(
                 self._me, self._peers, (token.value or "").encode(),
-                endpoint.server.address.rsplit(":", 1)[0],
+                endpoint.server.bind_host,
                 on_message=self._mailbox.put,
                 on_lost=self._peer_lost_by_rank,
                 on_departed=self._tcp_departed,
@@ -163,8 +164,6 @@ class NetworkTransport(Transport):
         if self._lazy:
             return
         others = self._others()
-        for peer in others:
-            self._channel(peer.rank)
         pending = {p.rank: p for p in others}
         data_ports: dict[int, int | None] = {}
         errors: dict[int, str] = {}
@@ -173,6 +172,9 @@ class NetworkTransport(Transport):
         while pending:
             for rank in list(pending):
                 peer = pending[rank]
+                if not self._resolves(peer, deadline):
+                    errors[rank] = NOT_RESOLVED
+                    continue
                 try:
                     data_ports[rank] = self._hello(peer, deadline)
                     del pending[rank]
@@ -250,8 +252,10 @@ class NetworkTransport(Transport):
             while True:
                 self._mailbox.check()
                 try:
-                    port = self._hello(peer, deadline)
-                    break
+                    if self._resolves(peer, deadline):
+                        port = self._hello(peer, deadline)
+                        break
+                    status = NOT_RESOLVED
                 except grpc.RpcError as e:
                     if fails_at_connect(e):
                         self._fail_raise(translate(e, peer, "connect"))
@@ -285,6 +289,12 @@ class NetworkTransport(Transport):
                         self._me, host, port, peer, e)
             return False
         return True
+
+    @staticmethod
+    def _resolves(peer: PeerInfo, deadline: Deadline) -> bool:
+        """``peer``'s host name resolves: its channel may be dialled (see
+        :mod:`~cluster.transport.names`)."""
+        return peer_names.resolves(host_of(peer.address), timeout=min(1.0, deadline.remaining()))
 
     def _hello(self, peer: PeerInfo, deadline: Deadline) -> int | None:
         """Hello to ``peer``; returns its TCP data port, if it offers one."""

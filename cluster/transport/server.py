@@ -1,4 +1,5 @@
-"""A task's gRPC server: binds the address the cluster spec gives it, authenticates every call."""
+"""A task's gRPC server: binds the address the cluster spec gives it (or, when that address is not
+this host's yet, every interface: :mod:`cluster.transport.names`), authenticates every call."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from concurrent import futures
 import grpc
 
 from cluster.transport.auth import Token, TokenInterceptor
+from cluster.transport.names import Bind, bind_choice
 
 __all__ = ["CHANNEL_OPTIONS", "CONTROL_CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers",
            "TaskServer"]
@@ -61,7 +63,10 @@ class TaskServer:
 
     ``TaskServer("127.0.0.1:0", token)`` binds at construction (raising ``OSError`` naming the
     address when it is taken) and exposes the bound ``port``; services are added with
-    :meth:`add_handlers` before :meth:`start`.
+    :meth:`add_handlers` before :meth:`start`. ``address`` is the spec's host with that port (what
+    peers dial); ``bind_host`` what the server listens on: the spec's host when it is this
+    host's, else every interface (:data:`~cluster.transport.names.WILDCARD`, logged with the
+    reason: :func:`~cluster.transport.names.bind_choice`).
     """
 
     def __init__(self, address: str, token: Token, *, max_workers: int = 32) -> None:
@@ -71,15 +76,26 @@ class TaskServer:
             options=SERVER_OPTIONS,
             maximum_concurrent_rpcs=None,
         )
+        host, _, wanted = address.rpartition(":")
+        choice = bind_choice(address)
+        if not wanted.isdigit():
+            raise OSError(f"cannot bind gRPC server to {address}: expected host:port")
+        listen = address if choice.why is Bind.SPEC else choice.address(int(wanted))
         try:
-            port = self._server.add_insecure_port(address)
+            port = self._server.add_insecure_port(listen)
         except RuntimeError as e:
-            raise OSError(f"cannot bind gRPC server to {address}: address in use or invalid") from e
+            raise OSError(f"cannot bind gRPC server to {listen}: address in use or invalid") from e
         if port == 0:
-            raise OSError(f"cannot bind gRPC server to {address}: address in use or invalid")
-        host = address.rsplit(":", 1)[0]
+            raise OSError(f"cannot bind gRPC server to {listen}: address in use or invalid")
+        if choice.why is not Bind.SPEC:
+            # A pod whose DNS name is not published yet is the expected case on Kubernetes; an
+            # address that is someone else's is worth a look (NAT, a stale record, a typo).
+            level = logging.INFO if choice.why is Bind.NOT_RESOLVED else logging.WARNING
+            log.log(level, "serving %s:%d on every interface (%s): %s", host, port,
+                    choice.address(port), choice.reason)
         self.port = port
         self.address = f"{host}:{port}"
+        self.bind_host = choice.host
         self._started = False
         self._stopped = False
 

@@ -3,9 +3,9 @@
 gRPC stays the control plane (Hello, heartbeats, Abort: all authenticated by the token
 interceptor); this module only moves payloads, because bare grpcio tops out near 1 GB/s per
 direction here while a plain socket does ~3-4 GB/s (``bench/allreduce.py --planes``). Each rank
-listens on one extra port, bound to the host of its gRPC address and advertised to peers in the
-authenticated Hello reply. Each rank opens one connection to each peer it sends to (one per
-direction) and authenticates it with the challenge-response of
+listens on one extra port, bound where its gRPC server is bound (``TaskServer.bind_host``) and
+advertised to peers in the authenticated Hello reply. Each rank opens one connection to each peer
+it sends to (one per direction) and authenticates it with the challenge-response of
 :mod:`~cluster.transport._tcp_protocol` before any frame is read.
 
 Data path, chosen for this 2-core machine:
@@ -44,6 +44,7 @@ from cluster.errors import (
 from cluster.transport import _tcp_protocol as wire
 from cluster.transport._sockio import Reader, recv_exact, shutdown, tune
 from cluster.transport.api import MessageKey, PeerInfo, Received
+from cluster.transport.names import listen
 
 __all__ = ["TcpDataPlane"]
 
@@ -165,9 +166,7 @@ class TcpDataPlane:
         # Buffers offered by recv's caller (see Transport.post_recv). Receiver threads pop an
         # entry when the frame's header arrives; single dict operations are atomic in CPython.
         self._posted: dict[tuple[int, MessageKey], memoryview] = {}
-        host = bind_host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family, backlog=64)
+        self._listener = listen(bind_host)  # the gRPC server's choice: the spec's host or all
         self.port: int = self._listener.getsockname()[1]
         accept = threading.Thread(target=self._accept_loop, name=f"data-accept-{me.task}",
                                   daemon=True)
