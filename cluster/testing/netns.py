@@ -97,10 +97,12 @@ class NetnsHost:
         self._holder: subprocess.Popen | None = None
         self.pid = 0
 
-    def command(self, argv: Sequence[str | os.PathLike]) -> list[str]:
-        """``argv`` run on this host: inside all its namespaces, in the caller's working
-        directory (this machine's files are visible: the mount namespace is a copy)."""
-        return ["nsenter", "-t", str(self.pid), "-n", "-m", "-p", "-u", "--",
+    def command(self, argv: Sequence[str | os.PathLike], *,
+                cwd: str | os.PathLike | None = None) -> list[str]:
+        """``argv`` run on this host: inside all its namespaces, in directory ``cwd`` (default:
+        ``/``; this machine's files are visible: the mount namespace is a copy)."""
+        wd = [f"--wd={os.fspath(cwd)}"] if cwd is not None else []
+        return ["nsenter", "-t", str(self.pid), "-n", "-m", "-p", "-u", *wd, "--",
                 *(os.fspath(a) for a in argv)]
 
     def run(self, argv: Sequence[str], *, check: bool = True,
