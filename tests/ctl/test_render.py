@@ -125,6 +125,7 @@ def test_k8s_objects_follow_the_pod_contract() -> None:
         assert body["completionMode"] == "Indexed"
         assert body["completions"] == body["parallelism"] == spec.count(name)
         assert pod["subdomain"] == "ps" and pod["restartPolicy"] == "Never"
+        assert pod["terminationGracePeriodSeconds"] == 10  # timeouts.grace
         assert job["spec"]["template"]["metadata"]["labels"] == {
             "cluster-runtime.dev/run": "ps", "cluster-runtime.dev/job": name}
         (container,) = pod["containers"]

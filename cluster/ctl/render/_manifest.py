@@ -30,6 +30,7 @@ __all__ = [
     "check_for_kubernetes",
     "command",
     "dump",
+    "grace_seconds",
     "labels",
     "resources",
     "runtime_env",
@@ -141,6 +142,12 @@ def active_deadline(spec: ClusterFile) -> int | None:
         return None
     total = spec.timeouts.run * (spec.restart.max_restarts + 1)
     return max(1, int(-(-total // 1)))  # whole seconds, rounded up
+
+
+def grace_seconds(spec: ClusterFile) -> int:
+    """``terminationGracePeriodSeconds``: ``timeouts.grace``, SIGTERM to SIGKILL as under
+    clusterctl (Kubernetes' default would be 30 s), in whole seconds rounded up."""
+    return int(-(-spec.timeouts.grace // 1))
 
 
 class _Dumper(yaml.SafeDumper):

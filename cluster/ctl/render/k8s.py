@@ -131,6 +131,7 @@ def _job(spec: ClusterFile, job: str, count: int, image: str,
         "spec": {
             "subdomain": spec.name,
             "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": m.grace_seconds(spec),
             "containers": [_container(spec, job, image, namespace)],
         },
     }

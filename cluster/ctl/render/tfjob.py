@@ -58,7 +58,8 @@ def _replica(spec: ClusterFile, job: str, count: int, image: str) -> dict[str, A
         "restartPolicy": "ExitCode",
         "template": {
             "metadata": {"labels": m.labels(spec, job)},
-            "spec": {"containers": [container]},
+            "spec": {"terminationGracePeriodSeconds": m.grace_seconds(spec),
+                     "containers": [container]},
         },
     }
 
