@@ -27,11 +27,11 @@ from cluster.ctl.policy import COORDINATOR
 from cluster.ctl.render import _manifest as m
 from cluster.ctl.render.api import DEFAULT_IMAGE, DEFAULT_NAMESPACE, RenderOptions
 from cluster.ctl.spec import ClusterFile
+from cluster.task_source import ENV_TASK_TYPE  # the pod contract's one name for it
 
 __all__ = ["ENV_TASK_TYPE", "PERMANENT_EXIT_CODES", "cluster_tf_config", "failure_policy",
            "render"]
 
-ENV_TASK_TYPE = "CLUSTER_TASK_TYPE"
 PERMANENT_EXIT_CODES = list(range(1, 128))  # Kubeflow's convention (cluster/exitcodes.py)
 
 
