@@ -10,20 +10,19 @@ chief's own exit code.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
+from cluster.ctl import render
 from cluster.ctl.launcher import LaunchError, launch
+from cluster.ctl.render.tf_config import PORT_BASE
 from cluster.ctl.spec import ClusterFile, load_cluster_file
-from cluster.ctl.task_config import assign_addresses, tf_config
 from cluster.errors import ClusterFileError
 
 __all__ = ["build_parser", "color_choice", "main"]
 
 EXIT_USAGE = 2
-RENDER_PORT_BASE = 2222
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,15 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Check FILE and report every problem; exit 2 if any.")
     validate_cmd.add_argument("file", metavar="FILE", help="cluster.yaml")
     render_cmd = sub.add_parser(
-        "render", help="print each task's TF_CONFIG for use elsewhere",
-        description="Print the TF_CONFIG of every task of FILE (one line per task: TASK, a tab, "
-                    "the JSON), or of one task with --task. Jobs given as a count get "
-                    f"consecutive ports from port_base (default {RENDER_PORT_BASE}).")
+        "render", help="print the cluster for running it elsewhere (TF_CONFIG, Kubernetes)",
+        description="Print FILE in another form: tf-config prints every task's TF_CONFIG (one "
+                    "line per task: TASK, a tab, the JSON; jobs given as a count get "
+                    f"consecutive ports from port_base, default {PORT_BASE}), or one task's "
+                    "with --task; k8s prints a headless Service and one Indexed Job per job; "
+                    "tfjob a Kubeflow TFJob. Pipe k8s and tfjob to `kubectl apply -f -`.")
     render_cmd.add_argument("file", metavar="FILE", help="cluster.yaml")
-    render_cmd.add_argument("--format", choices=("tf-config",), default="tf-config",
+    render_cmd.add_argument("--format", choices=tuple(render.FORMATS), default="tf-config",
                             help="output format (default: tf-config)")
     render_cmd.add_argument("--task", metavar="TYPE:INDEX",
-                            help="print only this task's TF_CONFIG, e.g. worker:1")
+                            help="tf-config: print only this task's TF_CONFIG, e.g. worker:1")
+    render_cmd.add_argument("--image", metavar="IMAGE",
+                            help="k8s, tfjob: the container image (default: "
+                                 f"{render.DEFAULT_IMAGE}, a placeholder: see deploy/Dockerfile)")
+    render_cmd.add_argument("--namespace", metavar="NS",
+                            help=f"k8s, tfjob: the namespace (default: {render.DEFAULT_NAMESPACE})")
     return parser
 
 
@@ -68,25 +74,15 @@ def _load(path: str) -> ClusterFile | None:
         return None
 
 
-def _render(spec: ClusterFile, only: str | None) -> int:
-    if spec.port_base is None:
-        spec = _with_port_base(spec)
-    addresses = assign_addresses(spec)
-    configs = {f"{job}:{i}": tf_config(addresses, job, i) for job, i in spec.tasks()}
-    if only is not None:
-        if only not in configs:
-            print(f"clusterctl: render: no task {only!r} in {spec.path}; tasks are "
-                  f"{', '.join(configs)}", file=sys.stderr)
-            return EXIT_USAGE
-        print(configs[only])
-        return 0
-    for task, text in configs.items():
-        print(f"{task}\t{text}")
+def _render(spec: ClusterFile, args: argparse.Namespace) -> int:
+    options = render.RenderOptions(task=args.task, image=args.image, namespace=args.namespace)
+    try:
+        text = render.render(spec, args.format, options)
+    except render.RenderError as e:
+        print(f"clusterctl: render: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.write(text)
     return 0
-
-
-def _with_port_base(spec: ClusterFile) -> ClusterFile:
-    return dataclasses.replace(spec, port_base=RENDER_PORT_BASE)
 
 
 def color_choice(flag: str, no_color: bool) -> str:
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}")
         return 0
     if args.command == "render":
-        return _render(spec, args.task)
+        return _render(spec, args)
     try:
         # The entry point reads the environment; the launcher below is told, never looks.
         color = color_choice(args.color, no_color=bool(os.environ.get("NO_COLOR")))

@@ -17,6 +17,7 @@ from typing import Any
 
 from cluster._placement import JOB_NAMES, check_address
 from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
+from cluster.ctl._resources import parse_resources
 from cluster.ctl._yaml import Located, YamlError, load
 from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
 from cluster.errors import ClusterFileError
@@ -110,7 +111,8 @@ class ClusterFile:
     """A validated cluster file. Paths are absolute; ``jobs`` in chief/worker/ps/evaluator order
     (jobs with no task omitted). ``mode``: ``collective`` (chief, workers and evaluators run the
     entrypoint) or ``coordinator`` (only the chief and evaluators do; workers serve the chief's
-    ClusterCoordinator; needs a chief and a worker)."""
+    ClusterCoordinator; needs a chief and a worker). ``resources``: per job, Kubernetes
+    quantities (``{"worker": {"cpu": "2"}}``) for ``clusterctl render``; launch ignores them."""
 
     path: Path
     name: str
@@ -127,6 +129,7 @@ class ClusterFile:
     timeouts: Timeouts = Timeouts()
     mode: str = COLLECTIVE
     limits: Limits = Limits()
+    resources: dict[str, dict[str, str]] = field(default_factory=dict)  # Kubernetes only
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -171,7 +174,7 @@ class ClusterFile:
 
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
-             "port_base", "restart", "log_dir", "timeouts", "limits")
+             "port_base", "restart", "log_dir", "timeouts", "limits", "resources")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
@@ -514,6 +517,8 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
         values["timeouts"] = _timeouts(c, top["timeouts"])
     if "limits" in top:
         values["limits"] = _limits(c, top["limits"])
+    if "resources" in top:
+        values["resources"] = parse_resources(c, top["resources"])
     if values["jobs"] and values.get("limits", Limits()) is not None:
         _check_counts(c, top, values["jobs"], values.get("limits", Limits()),
                       values.get("port_base"))

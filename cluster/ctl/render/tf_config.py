@@ -1,0 +1,32 @@
+"""``clusterctl render --format tf-config``: every task's ``TF_CONFIG``, one line per task
+(``TASK<TAB>JSON``), or only the JSON of one task (``--task TYPE:INDEX``).
+
+Jobs given as a count get consecutive ports from ``port_base`` (:data:`PORT_BASE` when the file
+sets none) on ``host``; jobs given as a list keep their addresses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cluster.ctl.render.api import RenderError, RenderOptions
+from cluster.ctl.spec import ClusterFile
+from cluster.ctl.task_config import assign_addresses, tf_config
+
+__all__ = ["PORT_BASE", "render"]
+
+PORT_BASE = 2222
+
+
+def render(spec: ClusterFile, options: RenderOptions) -> str:
+    """The lines to print; :class:`RenderError` when ``options.task`` names no task."""
+    if spec.port_base is None:
+        spec = dataclasses.replace(spec, port_base=PORT_BASE)
+    addresses = assign_addresses(spec)
+    configs = {f"{job}:{i}": tf_config(addresses, job, i) for job, i in spec.tasks()}
+    if options.task is not None:
+        if options.task not in configs:
+            raise RenderError(f"no task {options.task!r} in {spec.path}; tasks are "
+                              f"{', '.join(configs)}")
+        return configs[options.task] + "\n"
+    return "".join(f"{task}\t{text}\n" for task, text in configs.items())
