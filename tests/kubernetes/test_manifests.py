@@ -44,9 +44,10 @@ def test_a_k8s_pod_environment_completes_to_its_own_task() -> None:
 
 
 def test_a_service_that_does_not_select_the_pods_gives_no_dns_names() -> None:
-    text = render("quickstart", "k8s", []).replace(
-        "cluster-runtime.dev/run: quickstart\n  ports", "cluster-runtime.dev/run: other\n  ports")
-    assert "run: other" in text
+    selector = "selector:\n    cluster-runtime.dev/run: quickstart\n"
+    text = render("quickstart", "k8s")
+    assert selector in text
+    text = text.replace(selector, selector.replace("quickstart", "other"))
     assert all(p.dns_names == () for p in expand(text))
 
 
@@ -66,7 +67,7 @@ def test_the_tfjob_tf_config_is_the_controllers_byte_for_byte() -> None:
 
 
 def test_a_tfjob_of_one_replica_gets_no_tf_config() -> None:
-    text = render("quickstart", "tfjob", []).replace("replicas: 2", "replicas: 0")
+    text = render("quickstart", "tfjob").replace("replicas: 2", "replicas: 0")
     env = {p.hostname: p for p in expand(text)}["quickstart-chief-0"].environment(
         pod_ip="10.77.0.1", secrets=SECRETS)
     assert "TF_CONFIG" not in env  # the controller's isDistributed: one replica in all
