@@ -32,6 +32,7 @@ from cluster.errors import (
 from cluster.settings import ENV_FUNCTION_TIMEOUT
 from cluster.transport._pb import coordinator_pb2
 from cluster.transport.control import HeartbeatMonitor
+from cluster.transport.names import host_of, peer_names
 from cluster.transport.worker_client import PendingCall, WorkerClient
 
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ class WorkerDispatcher:
     def _connect(self) -> bool:
         """Block until the worker serves and is watched (True), or until stop (False)."""
         while not self._stopping.is_set():
+            if not peer_names.resolves(host_of(self.address)):
+                self._stopping.wait(0.2)  # a pod not published yet: dial once its name resolves
+                continue
             call = self.client.check(_CHECK_TIMEOUT)
             self._wait(call, lost_too=False)
             if not call.done():

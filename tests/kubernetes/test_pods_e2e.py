@@ -67,6 +67,8 @@ def test_the_example_trains_on_pods(pods, example: str, fmt: str) -> None:
     assert all(r.exit_code == 0 for r in results.values()), describe(results)
     chief = results[f"{example}-chief-0"]
     assert "test accuracy" in chief.output, chief.output
+    # Every data port was reached (bound on every interface, as the gRPC port).
+    assert not [n for n, r in results.items() if "over gRPC" in r.output]
     # As `kubectl delete` at the end of the run: servers stop cleanly on SIGTERM.
     stopped = emulated.terminate(servers, grace=20)
     assert all(r.exit_code == 0 for r in stopped.values()), describe(stopped)
