@@ -13,7 +13,9 @@ Like TensorFlow's ``multi_process_runner``, for tests and benchmarks:
   a marker in their environment (the leak check) and wait until they are gone;
 - :mod:`cluster.testing.netns` (imported on its own: it needs root) makes several hosts on this
   machine, each a network, mount, PID and UTS namespace on one switch, for multi-host and
-  Kubernetes-pod tests, with silent partitions, links down and rate limits.
+  Kubernetes-pod tests, with silent partitions, links down and rate limits;
+  :mod:`cluster.testing.pods` (imported on its own too) runs the manifests ``clusterctl render``
+  prints as emulated pods on such hosts.
 
 Every blocking call here takes a timeout and raises a typed error naming the task and what was
 awaited (:class:`TaskTimeoutError`, :class:`TaskExitedError`, :class:`GroupTimeoutError`).
