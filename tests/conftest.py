@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from cluster.testing import TaskProcesses, processes_with
 from cluster.testing import netns as _netns
@@ -18,6 +19,13 @@ from cluster.testing import netns as _netns
 __all__ = ["REPO", "marker", "netns_hosts", "processes_with", "task_processes"]
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests check what is true, not how fast examples are made: on a loaded 2-core machine
+# Hypothesis' timing health checks and per-example deadline fail tests that are correct.
+settings.register_profile("cluster", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow,
+                                                 HealthCheck.data_too_large])
+settings.load_profile("cluster")
 
 
 @pytest.fixture
