@@ -87,7 +87,7 @@ def test_every_k8s_document_passes_strict_schema_validation(cluster_file, versio
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_tfjob_pod_template_passes_strict_schema_validation(tmp_path, version) -> None:
     # The TFJob is a custom resource (no schema here): its pod templates are core objects.
-    rich = write(tmp_path, RICH.replace(", evaluator: 1", ""))
+    rich = write(tmp_path, RICH)
     for path in [*EXAMPLES, rich]:
         (doc,) = documents(path, "tfjob")
         for rtype, replica in doc["spec"]["tfReplicaSpecs"].items():
@@ -174,7 +174,7 @@ def test_script_and_module_are_named_relative_to_the_working_dir(tmp_path) -> No
 
 
 def test_resources_become_requests_and_limits(tmp_path) -> None:
-    path = write(tmp_path, RICH.replace(", evaluator: 1", ""))
+    path = write(tmp_path, RICH)
     for fmt in ("k8s", "tfjob"):
         found = {job: c.get("resources") for doc in documents(path, fmt)
                  for job, c in containers(doc)}
@@ -186,7 +186,7 @@ def test_resources_become_requests_and_limits(tmp_path) -> None:
 
 @pytest.mark.parametrize("fmt", ["k8s", "tfjob"])
 def test_the_token_is_never_a_literal(tmp_path, fmt) -> None:
-    path = write(tmp_path, RICH.replace(", evaluator: 1", ""))
+    path = write(tmp_path, RICH)
     for cluster_file in [*EXAMPLES, path]:
         spec = load_cluster_file(cluster_file)
         docs = documents(cluster_file, fmt)
@@ -338,8 +338,6 @@ BAD_RENDER = [
      "cluster.worker lists addresses"),
     ("name: d\nentrypoint: ../train.py\ncluster: {worker: 1}\n", ["--format", "k8s"],
      "is outside"),
-    ("name: d\nentrypoint: train.py\ncluster: {worker: 1, evaluator: 1}\n",
-     ["--format", "tfjob"], "cluster.evaluator: the TFJob controller leaves evaluators out"),
 ]
 
 
@@ -371,3 +369,10 @@ def test_cli_prints_the_manifests(capsys) -> None:
     assert [d["kind"] for d in yaml.safe_load_all(out)] == ["Service", "Job", "Job", "Job"]
     assert main(["render", str(EXAMPLES[1]), "--format", "tfjob", "--image", "IMG"]) == 0
     assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["TFJob"]
+
+
+def test_a_tfjob_carries_evaluators_as_an_evaluator_replica(tmp_path) -> None:
+    (doc,) = documents(write(tmp_path, RICH), "tfjob")
+    replicas = doc["spec"]["tfReplicaSpecs"]
+    assert replicas["Evaluator"]["replicas"] == 1
+    assert replicas["Evaluator"]["restartPolicy"] == "ExitCode"

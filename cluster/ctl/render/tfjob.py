@@ -24,7 +24,6 @@ from cluster.ctl.render import _manifest as m
 from cluster.ctl.render.api import (
     DEFAULT_IMAGE,
     DEFAULT_NAMESPACE,
-    RenderError,
     RenderOptions,
 )
 from cluster.ctl.spec import ClusterFile
@@ -69,11 +68,6 @@ def render(spec: ClusterFile, options: RenderOptions) -> str:
     image = options.image or DEFAULT_IMAGE
     namespace = options.namespace or DEFAULT_NAMESPACE
     m.check_for_kubernetes(spec, namespace, "tfjob")
-    if spec.count("evaluator"):
-        raise RenderError(
-            "cluster.evaluator: the TFJob controller leaves evaluators out of TF_CONFIG's "
-            "cluster, and a task must be in its cluster here; use --format k8s, or run the "
-            "evaluator apart")
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
     deadline = m.active_deadline(spec)
     if deadline is not None:
