@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from cluster.ctl.launcher import LaunchError, launch
+from cluster.ctl.render.slurm import SlurmRenderError, render_slurm
 from cluster.ctl.spec import ClusterFile, load_cluster_file
 from cluster.ctl.task_config import assign_addresses, tf_config
 from cluster.errors import ClusterFileError
@@ -50,10 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "the JSON), or of one task with --task. Jobs given as a count get "
                     f"consecutive ports from port_base (default {RENDER_PORT_BASE}).")
     render_cmd.add_argument("file", metavar="FILE", help="cluster.yaml")
-    render_cmd.add_argument("--format", choices=("tf-config",), default="tf-config",
-                            help="output format (default: tf-config)")
+    render_cmd.add_argument("--format", choices=("tf-config", "slurm"), default="tf-config",
+                            help="output format (default: tf-config); slurm: an sbatch script")
     render_cmd.add_argument("--task", metavar="TYPE:INDEX",
                             help="print only this task's TF_CONFIG, e.g. worker:1")
+    render_cmd.add_argument("--nodes", type=int, metavar="N", help="slurm: #SBATCH --nodes")
+    render_cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
+    render_cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
     return parser
 
 
@@ -108,7 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         tasks = ", ".join(f"{job}:{i}" for job, i in spec.tasks())
         print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}")
         return 0
+    if args.command == "render" and args.format == "slurm":
+        try:
+            print(render_slurm(spec, nodes=args.nodes, partition=args.partition,
+                               time_limit=args.time), end="")
+        except SlurmRenderError as e:
+            print(f"clusterctl: render: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return 0
     if args.command == "render":
+        if any(v is not None for v in (args.nodes, args.partition, args.time)):
+            print("clusterctl: render: --nodes, --partition and --time apply to --format slurm "
+                  "only", file=sys.stderr)
+            return EXIT_USAGE
         return _render(spec, args.task)
     try:
         # The entry point reads the environment; the launcher below is told, never looks.

@@ -4,10 +4,10 @@ sbatch script that ``clusterctl render --format slurm`` writes.
 ``srun`` exits with the *highest* exit code of its tasks, so the root cause of a failure (a
 script that raised: 1, permanent) hides behind its peers' reactions (201 "peer failed", 143
 SIGTERM: retryable). Every task's wrapper leaves, in the run directory, ``RANK.exit`` (``CODE
-TIME STOPPED``: its exit code, when, and whether Slurm had signalled it) and the runtime
-``RANK.error.json`` (:class:`cluster.lifecycle.ErrorRecord`). From them this module names the
-root cause with the same rule as ``clusterctl launch`` (:func:`cluster.ctl.policy.root_cause`),
-prints it, and exits with its code:
+TIME STOPPED NODE``: its exit code, when, whether Slurm had signalled it, where it ran) and the
+runtime ``RANK.error.json`` (:class:`cluster.lifecycle.ErrorRecord`). From them this module
+names the root cause with the same rule as ``clusterctl launch``
+(:func:`cluster.ctl.policy.root_cause`), prints it, and exits with its code:
 
 - ``collective``: 0 when srun says every task exited 0; else the root cause's code;
 - ``coordinator``: 0 when the chief exited 0 (its servers were then stopped: srun may say 137);
@@ -82,10 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[slurm] the run failed: srun exited {exitcodes.describe(args.srun_exit)}; no "
               f"task left its exit code in {args.run_dir}", file=sys.stderr, flush=True)
         return code
-    record = lifecycle.read_error_file(args.run_dir / f"{tasks.index(root.task)}.error.json")
+    rank = tasks.index(root.task)
+    record = lifecycle.read_error_file(args.run_dir / f"{rank}.error.json")
     cause = record.summary() if record is not None else "(no error record)"
-    print(f"[slurm] the run failed: {root.task} exited {exitcodes.describe(code)}: {cause}",
-          file=sys.stderr, flush=True)
+    try:
+        node = f" on {(args.run_dir / f'{rank}.exit').read_text().split()[3]}"
+    except (OSError, IndexError):
+        node = ""
+    print(f"[slurm] the run failed: {root.task}{node} exited {exitcodes.describe(code)}: "
+          f"{cause}", file=sys.stderr, flush=True)
     return code
 
 

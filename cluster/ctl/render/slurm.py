@@ -52,13 +52,15 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]  # holds the worker/ and ps/ pa
 
 # Every task runs as `bash -c 'eval "$CLUSTER_TASK_WRAPPER"' JOB ARGS...` (JOB is only a label,
 # bash's $0): the wrapper runs "$PYTHON" ARGS as its child (not exec'd), gives the runtime a
-# per-rank error file and records the exit code, the time and whether Slurm had signalled the
-# task, for slurm_outcome. SIGTERM (scancel, --kill-on-bad-exit) reaches every process of the
-# step, the task included; the trap keeps the wrapper alive to record what the task made of it.
+# per-rank error file and records the exit code, the time, whether Slurm had signalled the
+# task and its node, for slurm_outcome. SIGTERM (scancel, --kill-on-bad-exit) reaches every
+# process of the step, the task included; the trap keeps the wrapper alive to record what the
+# task made of it.
 _TASK = ('stopped=0; trap stopped=1 TERM INT; '
          'export CLUSTER_ERROR_FILE="$CLUSTER_RUN_DIR/$SLURM_PROCID.error.json"; '
          '"$PYTHON" "$@"; code=$?; '
-         'echo "$code $(date +%s.%N) $stopped" > "$CLUSTER_RUN_DIR/$SLURM_PROCID.exit"; ')
+         'echo "$code $(date +%s.%N) $stopped ${SLURMD_NODENAME:-?}" '
+         '> "$CLUSTER_RUN_DIR/$SLURM_PROCID.exit"; ')
 _TASK_WRAPPER = _TASK + 'exit "$code"'
 # mode: coordinator, the chief: its success ends the step (the servers exit 0 on SIGTERM).
 _CHIEF_WRAPPER = (_TASK + 'if [ "$code" = 0 ]; then '
@@ -183,8 +185,8 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
     ]
     coordinator = spec.mode == COORDINATOR
     if coordinator:
-        lines += ["# The chief's wrapper also ends the step when the chief succeeds (servers serve until "
-                  "stopped).",
+        lines += ["# The chief's wrapper also ends the step when the chief succeeds (its servers "
+                  "serve until stopped).",
                   f"export CLUSTER_CHIEF_WRAPPER={q(_CHIEF_WRAPPER)}"]
     lines.append("")
     srun = ["srun", "--kill-on-bad-exit=1", "--label", "--distribution=block",
