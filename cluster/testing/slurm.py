@@ -45,7 +45,7 @@ __all__ = ["BINARIES", "LocalSlurm", "SlurmLeakError", "SlurmStartError", "local
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scancel")
 HOSTS = Path("/etc/hosts")
-MARKER_VAR = "CLUSTER_TEST_SLURM"
+MARKER_VAR = "TEST_LOCAL_SLURM"
 _POLL = 0.2  # seconds between sinfo/squeue queries: Slurm offers nothing to wait on
 _hosts_lock = threading.Lock()
 
@@ -73,7 +73,7 @@ def unavailable() -> str | None:
 class LocalSlurm:
     """A running local Slurm: ``conf`` is its ``slurm.conf``, ``nodes`` its node names (sorted:
     TF's order is Slurm's), ``addresses`` what they resolve to, ``marker`` a value every daemon
-    (and so every slurmstepd) has in its environment as ``CLUSTER_TEST_SLURM``."""
+    (and so every slurmstepd) has in its environment as ``TEST_LOCAL_SLURM``."""
 
     root: Path
     conf: Path

@@ -41,6 +41,7 @@ def test_collective_file_is_one_srun_command_with_every_sbatch_line():
                       "#SBATCH --output=quickstart-%j.out"]
     assert "set -euo pipefail" in script
     assert "export CLUSTER_SLURM_JOBS=chief:1,worker:2\n" in script
+    assert "\nunset TF_CONFIG " in script  # the submitter's would win over the Slurm step
     assert "--multi-prog" not in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert srun.startswith("srun --kill-on-bad-exit=1 --label --distribution=block --ntasks=3 ")

@@ -158,6 +158,7 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "# Ranks in TF's order (jobs sorted by name): "
         + ", ".join(f"{rank} {name}" for rank, name in enumerate(names)),
         f"export {ENV_SLURM_JOBS}={jobs}",
+        "unset TF_CONFIG  # one exported at submission would win over the Slurm step",
         "# Each node's tasks listen on BASE, BASE+1, ...; BASE moves with the job id so that two",
         "# jobs on one node do not collide (export it before sbatch to choose it).",
         f'export {ENV_SLURM_PORT_BASE}="${{{ENV_SLURM_PORT_BASE}:-{_port_base(spec, total)}}}"',
