@@ -98,15 +98,18 @@ def test_srun_runs_python_m_worker_without_tf_config(slurm, marker):
     ], output
 
 
+@pytest.mark.timeout(240)  # 18 s on a quiet machine, 60 s at a load of 45 on 2 cores
 def test_parameter_server_example_through_sbatch(slurm, marker, tmp_path):
     shipped = (EXAMPLES / "ps" / "cluster.yaml").read_text()
-    script = _render(_cluster_file(tmp_path, shipped.replace(
-        "entrypoint: train.py", f"entrypoint: {EXAMPLES / 'ps' / 'train.py'}")))
+    assert 'args: ["--epochs", "20"]' in shipped
+    script = _render(_cluster_file(tmp_path, shipped.replace(  # 5 epochs: light on 2 cores
+        "entrypoint: train.py", f"entrypoint: {EXAMPLES / 'ps' / 'train.py'}").replace(
+        'args: ["--epochs", "20"]', 'args: ["--epochs", "5"]')))
     assert "--multi-prog" in script.read_text()
-    code, output, _ = _sbatch_wait(slurm, script, marker)
+    code, output, _ = _sbatch_wait(slurm, script, marker, timeout=220)
     assert code == 0, output
     accuracy = re.search(r"^\[chief:0\] test accuracy ([0-9.]+)", output, re.M)
-    assert accuracy is not None and float(accuracy.group(1)) >= 0.9, output
+    assert accuracy is not None and float(accuracy.group(1)) >= 0.85, output  # ~0.95
     for task in ("ps:0", "ps:1", "worker:0", "worker:1"):  # stopped when the chief succeeded
         assert f"[{task}] {task}: shutting down (received SIGTERM)" in output, output
     assert "[slurm] the run succeeded (5 tasks)" in output
