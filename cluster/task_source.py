@@ -14,7 +14,8 @@ points (``python -m worker``, ``python -m ps``) complete it here, once, and expo
    the cluster comes from :class:`resolver.SlurmClusterResolver`, with the jobs of
    ``CLUSTER_SLURM_JOBS`` (``chief:1,worker:2,ps:1``; every task a worker when unset, as in TF) and
    ports from ``CLUSTER_SLURM_PORT_BASE`` (TF's 8888 when unset). Ranks map to tasks in TF's order
-   (jobs sorted by name, then nodes sorted by name, then local rank).
+   (jobs sorted by name, then nodes sorted by name, then local rank); a task that Slurm placed
+   elsewhere (``srun -m cyclic``) is refused, naming the fix.
 4. Anything else: nothing to complete; the runtime reports what is missing.
 
 The result is a :class:`TaskSource`: the full ``TF_CONFIG`` text and where it came from. Only the
@@ -162,7 +163,25 @@ def _from_slurm(environ: Mapping[str, str]) -> TaskSource:
     if task_type is None or task_id is None:
         raise TaskConfigError(f"Slurm: SLURM_PROCID={environ.get('SLURM_PROCID')} is not a task "
                               f"of jobs {jobs or 'worker (all)'}")
+    _check_placement(environ, spec.as_dict()[task_type][task_id], port_base)
     doc = {"cluster": spec.as_dict(), "task": {"type": task_type, "index": task_id}}
     step = f"job {environ.get('SLURM_JOB_ID', '?')}, step {environ.get('SLURM_STEP_ID', '?')}"
     return TaskSource(json.dumps(doc, separators=(",", ":")), f"Slurm ({step})",
                       f"{task_type}:{task_id}")
+
+
+def _check_placement(environ: Mapping[str, str], address: str, port_base: int) -> None:
+    """The resolver deals ranks to nodes in block order over the node names sorted as strings;
+    Slurm places them by its ``--distribution`` over its node order. Where the two disagree
+    (``srun -m cyclic``, nodes ``node9``/``node10``) this task would bind another node's
+    address: say so now, naming the fix, instead of failing to bind."""
+    node = environ.get("SLURMD_NODENAME", "").strip()
+    local = environ.get("SLURM_LOCALID", "").strip()
+    host, _, port = address.rpartition(":")
+    where = f"node {node}" if node else "this node"
+    if (node and host != node) or (local.isdigit() and int(port) - port_base != int(local)):
+        raise TaskConfigError(
+            f"Slurm: rank {environ.get('SLURM_PROCID')} runs on {where} as local task "
+            f"{local or '?'}, but TF's rank order (block over the node names sorted) gives it "
+            f"{address}; run srun with --distribution=block and name nodes so that they sort "
+            "in Slurm's order (zero-padded numbers)")

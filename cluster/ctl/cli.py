@@ -44,12 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Check FILE and report every problem; exit 2 if any.")
     validate_cmd.add_argument("file", metavar="FILE", help="cluster.yaml")
     render_cmd = sub.add_parser(
-        "render", help="print the cluster for running it elsewhere (TF_CONFIG, Kubernetes)",
+        "render", help="print the cluster for running it elsewhere (TF_CONFIG, Kubernetes, Slurm)",
         description="Print FILE in another form: tf-config prints every task's TF_CONFIG (one "
                     "line per task: TASK, a tab, the JSON; jobs given as a count get "
                     f"consecutive ports from port_base, default {PORT_BASE}), or one task's "
                     "with --task; k8s prints a headless Service and one Indexed Job per job; "
-                    "tfjob a Kubeflow TFJob. Pipe k8s and tfjob to `kubectl apply -f -`.")
+                    "tfjob a Kubeflow TFJob (pipe k8s and tfjob to `kubectl apply -f -`); "
+                    "slurm an sbatch script.")
     render_cmd.add_argument("file", metavar="FILE", help="cluster.yaml")
     render_cmd.add_argument("--format", choices=tuple(render.FORMATS), default="tf-config",
                             help="output format (default: tf-config)")
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"{render.DEFAULT_IMAGE}, a placeholder: see deploy/Dockerfile)")
     render_cmd.add_argument("--namespace", metavar="NS",
                             help=f"k8s, tfjob: the namespace (default: {render.DEFAULT_NAMESPACE})")
+    render_cmd.add_argument("--nodes", type=int, metavar="N", help="slurm: #SBATCH --nodes")
+    render_cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
+    render_cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
     return parser
 
 
@@ -75,7 +79,8 @@ def _load(path: str) -> ClusterFile | None:
 
 
 def _render(spec: ClusterFile, args: argparse.Namespace) -> int:
-    options = render.RenderOptions(task=args.task, image=args.image, namespace=args.namespace)
+    options = render.RenderOptions(task=args.task, image=args.image, namespace=args.namespace,
+                                   nodes=args.nodes, partition=args.partition, time=args.time)
     try:
         text = render.render(spec, args.format, options)
     except render.RenderError as e:

@@ -1,7 +1,7 @@
 """``clusterctl render``: a cluster file as text for running it elsewhere.
 
 One table, :data:`FORMATS`, maps each ``--format`` to its renderer and the options it accepts;
-a new format (e.g. ``slurm``) is one module and one row. :func:`render` checks the options
+a new format is one module and one row. :func:`render` checks the options
 against the row and returns the text to print, or raises :class:`RenderError` (exit 2).
 
 Example::
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.ctl.render import k8s, tf_config, tfjob
+from cluster.ctl.render import k8s, slurm, tf_config, tfjob
 from cluster.ctl.render.api import DEFAULT_IMAGE, DEFAULT_NAMESPACE, RenderError, RenderOptions
 from cluster.ctl.spec import ClusterFile
 
@@ -39,6 +39,8 @@ FORMATS: dict[str, Format] = {
     "k8s": Format(k8s.render, ("image", "namespace"),
                   "a headless Service and one Indexed Job per job (kubectl apply -f -)"),
     "tfjob": Format(tfjob.render, ("image", "namespace"), "a Kubeflow TFJob (kubeflow.org/v1)"),
+    "slurm": Format(slurm.render, ("nodes", "partition", "time"),
+                    "an sbatch script whose exit code is the run's (sbatch --wait)"),
 }
 
 

@@ -24,12 +24,17 @@ class RenderError(ValueError):
 class RenderOptions:
     """Options of ``clusterctl render``; ``None`` means "not given" (each format that accepts
     an option applies its default). ``task``: one task, ``TYPE:INDEX`` (tf-config only);
-    ``image``, ``namespace``: the container image and namespace (k8s and tfjob)."""
+    ``image``, ``namespace``: the container image and namespace (k8s and tfjob); ``nodes``,
+    ``partition``, ``time``: the allocation's ``#SBATCH`` lines (slurm)."""
 
     task: str | None = None
     image: str | None = None
     namespace: str | None = None
+    nodes: int | None = None
+    partition: str | None = None
+    time: str | None = None
 
     def given(self) -> list[str]:
         """The names of the options given, e.g. ``["task"]``."""
-        return [name for name in ("task", "image", "namespace") if getattr(self, name) is not None]
+        return [name for name in ("task", "image", "namespace", "nodes", "partition", "time")
+                if getattr(self, name) is not None]
