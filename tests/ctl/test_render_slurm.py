@@ -98,7 +98,8 @@ def test_bad_options_exit_2_naming_them(argv, message):
 
 def test_slurm_options_do_not_apply_to_tf_config():
     proc = _cli(str(QUICKSTART), "--nodes", "2")
-    assert proc.returncode == 2 and "--nodes does not apply to --format tf-config (only to slurm)" in proc.stderr
+    assert proc.returncode == 2
+    assert "--nodes does not apply to --format tf-config (only to slurm)" in proc.stderr
 
 
 def test_arguments_multi_prog_cannot_carry_are_refused(tmp_path):
