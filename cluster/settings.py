@@ -91,9 +91,9 @@ class TaskSettings:
     """
 
     connect_timeout: float = 60.0
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    report_timeout: float = 2.0
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 3.0
+    report_timeout: float = 0.5
     function_timeout: float = 3600.0
     data_plane: str = "tcp"
     collectives: CollectiveSettings = field(default_factory=CollectiveSettings)
