@@ -36,6 +36,7 @@ TRAIN_FOREVER = REPO / "tests" / "processes" / "scripts" / "scale_train.py"
 QUICKSTART = REPO / "examples" / "quickstart"
 LAYOUT = {"h1": ["chief:0", "worker:0"], "h2": ["worker:1", "worker:2"]}
 STARTUP = 90.0  # seconds: four interpreters importing numpy and grpc on 2 cores
+BIG = str(16 << 20)  # bytes all-reduced across the slow link
 STOP_BOUND = 5.0  # seconds from a silent partition to the exit of every task (issue 16)
 UNREACHABLE = re.compile(r"PeerUnavailableError: (chief|worker):\d \((h1|h2):\d+\) "
                          r"(is unavailable|unreachable)")
@@ -75,7 +76,7 @@ def test_training_across_two_hosts_equals_one_process(netns_hosts, task_processe
                                                      tmp_path) -> None:
     hosts = netns_hosts(list(LAYOUT))
     saved = tmp_path / "params.npz"
-    args = ["--epochs", "2"]
+    args = ["--epochs", "5"]
     run = HostTasks(hosts, LAYOUT,
                     ["-m", "worker", SCRIPTS / "quickstart_routes.py", *args, "--save", saved],
                     processes=task_processes, env=_env(marker), cwd=REPO)
@@ -141,11 +142,16 @@ def test_a_slow_link_still_completes(netns_hosts, task_processes, marker) -> Non
     hosts = netns_hosts(list(LAYOUT))
     hosts.shape("h2", "100mbit")
     started = time.monotonic()
-    run = HostTasks(hosts, LAYOUT, ["-m", "worker", SCRIPTS / "collectives.py"],
+    run = HostTasks(hosts, LAYOUT, ["-m", "worker", SCRIPTS / "collectives.py", "--big", BIG],
                     processes=task_processes, env=_env(marker), cwd=REPO)
     for task, proc in run.tasks.items():
         code, output = proc.finish(timeout=STARTUP + 120)
         assert code == 0, f"{task}:\n{output}"
         _, routes = _routes(output, "RESULT")
-        assert routes["all_reduce/hier"] == 4, output
-    print(f"\nslow link (100mbit): every task done in {time.monotonic() - started:.1f} s")
+        assert routes["all_reduce/hier"] == 5, output
+        seconds = float(re.search(r"^BIG ([0-9.]+) s", output, re.M).group(1))
+        # The leaders' ring sends BIG bytes each way across the shaped link: a lower bound (the
+        # link really is slow), never an upper one.
+        assert seconds > int(BIG) * 8 / 100e6 * 0.8, output
+    print(f"\nslow link (100mbit): {int(BIG) >> 20} MiB all-reduce in {seconds:.2f} s; "
+          f"every task done {time.monotonic() - started:.1f} s after the start")
