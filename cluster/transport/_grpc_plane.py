@@ -94,7 +94,10 @@ class Outbox:
             self._cond.notify_all()
         try:
             self._future.result(timeout=deadline.timeout())
-        except (grpc.RpcError, futures.TimeoutError, futures.CancelledError):
+        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError,
+                futures.TimeoutError, futures.CancelledError):
+            # A gRPC future's timeout is its own class, not concurrent.futures': a stream to a
+            # peer that went silent (a partition) ends here, cancelled, not in a traceback.
             self._future.cancel()
 
     def _done(self, future: grpc.Future) -> None:
