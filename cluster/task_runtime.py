@@ -444,24 +444,26 @@ class TaskRuntime:
     def shutdown(self, grace: float = 0.5) -> None:
         """Close the transport, end heartbeat streams cleanly, stop serving. Idempotent.
 
-        Bounded whatever the peers do: goodbyes and the departure share one deadline of
-        ``settings.report_timeout`` and skip peers known lost; the coordinator's task waits at
-        most about one heartbeat interval for the others to hear the last events. A task
-        stopping because the group failed gives in-flight calls no ``grace``.
+        Bounded whatever the peers do. A task stopping because its group failed (a peer lost
+        or failed, or its own failure) sends its goodbyes and departure within one deadline of
+        ``settings.report_timeout``, skipping peers known lost, and gives in-flight calls no
+        ``grace``; a clean exit allows 2 s (its departure must arrive, or the others would
+        take it for a loss). The coordinator's task waits at most two heartbeat intervals for
+        the others to hear the last events.
         """
         with self._lock:
             if self._closed:
                 return
             with self._state:
                 self._closed = True
-            failed = self._failed.is_set() or bool(self._lost)
-            deadline = Deadline.after(self.settings.report_timeout)
             transport = self._transport
+            failed = (self._failed.is_set() or bool(self._lost)
+                      or (transport is not None and transport.failed))
+            deadline = Deadline.after(self.settings.report_timeout if failed else 2.0)
             if transport is not None:
-                failed = failed or transport.failed
                 transport.close(deadline)
             if self._service is not None:  # what it logged must reach the others first
-                late = self._service.drain(Deadline.after(self._service.interval * 1.25))
+                late = self._service.drain(Deadline.after(self._service.interval * 2))
                 if late:
                     log.info("%s: %s did not hear the last events", self.task, ", ".join(late))
             self._coordination.close(leave=self._joined, deadline=deadline)
