@@ -7,6 +7,7 @@
         --algorithms doubling,tree,ring --no-gloo          # small messages at larger N
     uv run python bench/allreduce.py --nprocs 8,16,32,64,128 --sizes 4K --paths threads \
         --algorithms doubling,tree,ring --no-gloo          # large N in one process
+    sudo uv run python bench/allreduce.py --nprocs 4 --netns-hosts 2   # + 2 emulated hosts
 
 Each N is one launch of N fresh processes on loopback per library and path, all with a cluster
 token, as in production. Our paths: ``shm`` (the default: co-located processes reduce through
@@ -15,7 +16,10 @@ raw TCP data plane), ``grpc`` (the network path with tensor bytes on gRPC stream
 ``threads`` (the network algorithms among N threads of this process over the in-process
 transport: no sockets and no process start, so N can reach the hundreds on a small machine;
 the threads share the GIL, so its times measure the algorithms' total work, not their
-latency). ``--algorithms`` forces the network algorithm (``CLUSTER_COLLECTIVE_ALGORITHM``) on
+latency). ``--netns-hosts H`` adds a column: the N tasks spread over H emulated hosts (network
+namespaces, root only; ``bench/_netns_hosts.py``), each ``python -m worker``, so the all-reduce
+is the hierarchical one (shared memory inside a host, the network across the hosts' leaders).
+``--algorithms`` forces the network algorithm (``CLUSTER_COLLECTIVE_ALGORITHM``) on
 the network paths, one column each; ``shm`` always runs ``auto``.
 
 Every iteration starts after a barrier; its time is the slowest rank's;
@@ -111,6 +115,11 @@ def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
                plane: str, algorithm: str = "auto") -> dict[int, float]:
     if plane == "threads":
         return bench_threads(n, sizes, iters, warmup, impl, algorithm)
+    if plane.startswith("netns"):
+        from bench._netns_hosts import bench_netns
+
+        return _slowest_rank_medians(
+            bench_netns(n, int(plane[len("netns"):]), sizes, iters, warmup), sizes)
     env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
            "CLUSTER_DATA_PLANE": "tcp" if plane == "shm" else plane,
            "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network",
@@ -282,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", default="auto",
                         help="network algorithms to force on tcp, grpc and threads: auto, "
                              "ring, doubling, tree (comma list, one column each)")
+    parser.add_argument("--netns-hosts", type=int, default=0,
+                        help="also run over this many emulated hosts (network namespaces; root)")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--no-model", action="store_true", help="skip the model table")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
@@ -301,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = [(p, a) for p in planes for a in (["auto"] if p == "shm" else algorithms)]
     names = {v: v[0] if len(algorithms) == 1 or v[0] == "shm" else f"{v[0]}/{v[1]}"
              for v in variants}
+    if args.netns_hosts:
+        variants.append((f"netns{args.netns_hosts}", "auto"))
+        names[variants[-1]] = f"{args.netns_hosts} netns hosts"
     if not args.no_model:
         model_table(ns, sizes)
     rows = []

@@ -134,6 +134,7 @@ class TaskRuntime:
             on_coordinator_lost=self._on_coordinator_lost)
         self._server.start()
         if self._service is not None:
+            self._service.on_event = self._on_event
             self._service.start()
         log.debug("%s: serving on %s", self.task, self.address)
 
@@ -285,7 +286,8 @@ class TaskRuntime:
                 heartbeat_timeout=self.settings.heartbeat_timeout,
                 data_plane=self.settings.data_plane, lazy=True,
                 route_timeout=self.settings.connect_timeout,
-                on_peer_lost=self._report_lost, on_abort=self._report_abort)
+                on_peer_lost=self._report_lost, on_abort=self._report_abort,
+                abort_timeout=self.settings.report_timeout)
             transport.connect(deadline)
             self._transport = transport
         for task, why in list(self._lost.items()):  # lost before the group existed
@@ -332,6 +334,12 @@ class TaskRuntime:
     def _on_coordinator_lost(self, error: PeerUnavailableError) -> None:
         log.error("%s: %s", self.task, error)
         self._on_peer_lost(self.coordinator, str(error).split(" is unavailable: ", 1)[-1])
+
+    def _reachable_peers(self) -> list[tuple[str, str]]:
+        """Peers not known lost: the only ones a stopping task still sends anything to."""
+        with self._state:
+            lost = set(self._lost)
+        return [(t, a) for t, a in self.peers() if t not in lost]
 
     def _report_lost(self, peer: PeerInfo, why: str) -> None:
         """The transport found ``peer`` lost: the others learn it from the coordinator."""
@@ -386,18 +394,31 @@ class TaskRuntime:
         root, error_type, message = self.task, type(exc).__name__, str(exc)
         if isinstance(exc, (CollectiveAbortedError, PeerUnavailableError)) and exc.task:
             root = exc.task
+        # One deadline for everything this stopping task sends; the calls run side by side
+        # and skip peers known lost, so a partitioned peer costs at most this deadline.
+        deadline = Deadline.after(self.settings.report_timeout)
+        event = Event(EventKind.FAILED, root, self.task, error_type, message, exit_code)
+        told = threading.Event()
+        reporter = None
+        if self._joined and self._coordination.lost is None:
+            def to_coordinator() -> None:
+                if self._coordination.report(event, deadline):
+                    told.set()
+            reporter = threading.Thread(target=to_coordinator, name="failure-report",
+                                        daemon=True)
+            reporter.start()
         transport = self._transport
         if transport is not None and not transport.closed:
             transport.abort(f"{error_type}: {message}" if root == self.task
-                            else f"{root} failed: {error_type}: {message}")
-        deadline = Deadline.after(self.settings.report_timeout)
-        event = Event(EventKind.FAILED, root, self.task, error_type, message, exit_code)
-        if self._joined and self._coordination.report(event, deadline):
+                            else f"{root} failed: {error_type}: {message}", deadline=deadline)
+        if reporter is not None:
+            reporter.join(deadline.timeout())
+        if told.is_set() or deadline.expired:
             return
         # No coordination service to tell (never joined, or it is gone): tell each peer.
         errors = self._control.report_failure(
-            self.peers(), deadline, task=root, error_type=error_type, message=message,
-            exit_code=exit_code)
+            self._reachable_peers(), deadline, task=root, error_type=error_type,
+            message=message, exit_code=exit_code)
         if errors:
             log.debug("%s: failure report not delivered to %s", self.task, errors)
 
@@ -421,26 +442,36 @@ class TaskRuntime:
         return self._control.shutdown(tasks, Deadline.after(self.settings.report_timeout), reason)
 
     def shutdown(self, grace: float = 0.5) -> None:
-        """Close the transport, end heartbeat streams cleanly, stop serving. Idempotent."""
+        """Close the transport, end heartbeat streams cleanly, stop serving. Idempotent.
+
+        Bounded whatever the peers do. A task stopping because its group failed (a peer lost
+        or failed, or its own failure) sends its goodbyes and departure within one deadline of
+        ``settings.report_timeout``, skipping peers known lost, and gives in-flight calls no
+        ``grace``; a clean exit allows 2 s (its departure must arrive, or the others would
+        take it for a loss). The coordinator's task waits at most two heartbeat intervals for
+        the others to hear the last events.
+        """
         with self._lock:
             if self._closed:
                 return
             with self._state:
                 self._closed = True
             transport = self._transport
+            failed = (self._failed.is_set() or bool(self._lost)
+                      or (transport is not None and transport.failed))
+            deadline = Deadline.after(self.settings.report_timeout if failed else 2.0)
             if transport is not None:
-                transport.close(Deadline.after(2.0))
+                transport.close(deadline)
             if self._service is not None:  # what it logged must reach the others first
-                late = self._service.drain(Deadline.after(
-                    self.settings.heartbeat_interval + self.settings.report_timeout))
+                late = self._service.drain(Deadline.after(self._service.interval * 2))
                 if late:
                     log.info("%s: %s did not hear the last events", self.task, ", ".join(late))
-            self._coordination.close(leave=self._joined)
+            self._coordination.close(leave=self._joined, deadline=deadline)
             if self._service is not None:
                 self._service.stop()
             self.control.stop()
             self._control.close()
-            self._server.stop(grace)
+            self._server.stop(0.0 if failed else grace)
         for hook in self._close_hooks:
             hook(self)
 

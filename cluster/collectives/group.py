@@ -7,6 +7,7 @@ number and one deadline; any failure inside it aborts the whole group, so no ran
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
@@ -154,6 +155,7 @@ class CollectiveGroup:
         self._shm: SharedMemoryCollectives | None = None
         self._leaders: CollectiveGroup | None = None
         self._hosts: HostCollectives | None = None
+        self._routes: collections.Counter[str] = collections.Counter()
 
     @property
     def name(self) -> str:
@@ -176,6 +178,13 @@ class CollectiveGroup:
         """The group's hosts, once its first collective has set them up (``None`` when the
         group never uses shared memory)."""
         return self._topology
+
+    @property
+    def route_counts(self) -> dict[str, int]:
+        """How many calls of each kind took each route so far, e.g. ``{"all_reduce/hier": 12,
+        "broadcast/network": 1}`` (``hier``: shared memory inside each host, the network across
+        the hosts' leaders): what proves which path a run really took."""
+        return dict(self._routes)
 
     # -- public collectives: validate, then _impl ------------------------------------------------
 
@@ -399,7 +408,9 @@ class CollectiveGroup:
     def _route(self, call: Call, kind: str) -> Route:
         """This call's route (:func:`~cluster.collectives.route.choose_route`): a function of
         the group's set-up and the call's options only."""
-        return choose_route(self._topology, self._settings, call.options, kind)
+        route = choose_route(self._topology, self._settings, call.options, kind)
+        self._routes[f"{kind}/{route.value}"] += 1
+        return route
 
     def _host_path(self) -> HostCollectives:
         """The ``LOCAL``/``HIER`` collectives; only those routes call it, and they are only

@@ -52,7 +52,7 @@ class Timeouts:
     startup: float = 60.0
     grace: float = 10.0
     run: float | None = None
-    heartbeat: float = 5.0
+    heartbeat: float = 3.0  # TaskSettings.heartbeat_timeout: README "Across hosts"
 
     def __post_init__(self) -> None:
         if not (self.startup > 0 and self.grace >= 0 and self.heartbeat > 0):

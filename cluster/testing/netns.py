@@ -76,9 +76,10 @@ def leftover_namespaces(prefix: str = _PREFIX) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
-def _run(argv: Sequence[str], *, check: bool = True,
-         timeout: float = _COMMAND_TIMEOUT) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _COMMAND_TIMEOUT,
+         stdin: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          input=stdin)
     if check and proc.returncode != 0:
         raise NetnsError(f"{' '.join(argv)}: exit {proc.returncode}: "
                          f"{(proc.stderr or proc.stdout).strip()}")
@@ -189,7 +190,6 @@ class NetnsCluster:
         self._late = set(late)
         self._published: set[str] = set()
         self._created: list[str] = []
-        self._rules: set[tuple[str, str]] = set()
         try:
             self._build(Deadline.after(timeout))
         except BaseException:
@@ -236,20 +236,21 @@ class NetnsCluster:
 
     def partition(self, a: str, b: str) -> None:
         """Silently drop every packet between hosts ``a`` and ``b`` (both directions, new and
-        established connections alike: no RST, no ICMP). Needs ``nft``."""
+        established connections alike: no RST, no ICMP). Needs ``nft``.
+
+        One ``nft -f`` transaction per host: once ``a``'s returns, nothing passes between the
+        two (``a`` drops both directions), so a caller timing from before this call over-counts
+        by one command at most."""
         for src, dst in ((a, b), (b, a)):
-            host = self.hosts[src]
-            if (src, "table") not in self._rules:
-                _run(["ip", "netns", "exec", host.netns, "nft", "add", "table", "inet", "crt"])
-                for hook in ("input", "output"):
-                    _run(["ip", "netns", "exec", host.netns, "nft", "add", "chain", "inet", "crt",
-                          hook, f"{{ type filter hook {hook} priority 0 ; policy accept ; }}"])
-                self._rules.add((src, "table"))
             peer = self.hosts[dst].address
-            _run(["ip", "netns", "exec", host.netns, "nft", "add", "rule", "inet", "crt", "output",
-                  "ip", "daddr", peer, "drop"])
-            _run(["ip", "netns", "exec", host.netns, "nft", "add", "rule", "inet", "crt", "input",
-                  "ip", "saddr", peer, "drop"])
+            # Declaring an existing table or chain again only adds the rules (isolate()).
+            ruleset = ("table inet crt {\n"
+                       "  chain input { type filter hook input priority 0; policy accept;\n"
+                       f"    ip saddr {peer} drop; }}\n"
+                       "  chain output { type filter hook output priority 0; policy accept;\n"
+                       f"    ip daddr {peer} drop; }}\n"
+                       "}\n")
+            _run(["ip", "netns", "exec", self.hosts[src].netns, "nft", "-f", "-"], stdin=ruleset)
 
     def isolate(self, name: str) -> None:
         """Partition host ``name`` from every other host."""

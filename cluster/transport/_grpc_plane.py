@@ -19,7 +19,12 @@ from concurrent import futures
 import grpc
 
 from cluster.deadline import Deadline
-from cluster.errors import ClusterError, CollectiveTimeoutError, TransportClosedError
+from cluster.errors import (
+    ClusterError,
+    CollectiveTimeoutError,
+    PeerUnavailableError,
+    TransportClosedError,
+)
 from cluster.transport import _framing
 from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import collective_pb2
@@ -94,8 +99,22 @@ class Outbox:
             self._cond.notify_all()
         try:
             self._future.result(timeout=deadline.timeout())
-        except (grpc.RpcError, futures.TimeoutError, futures.CancelledError):
+        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError,
+                futures.TimeoutError, futures.CancelledError):
+            # A gRPC future's timeout is its own class, not concurrent.futures': a stream to a
+            # peer that went silent (a partition) ends here, cancelled, not in a traceback.
             self._future.cancel()
+
+    def cancel(self) -> None:
+        """End the stream now, dropping what is queued: its peer is lost (a send waiting on
+        the queue raises that)."""
+        with self._cond:
+            self._closing = True
+            self._failed = self._failed or PeerUnavailableError(
+                f"{self._peer} is unavailable: found lost, its stream was cut",
+                task=self._peer.task, address=self._peer.address)
+            self._cond.notify_all()
+        self._future.cancel()
 
     def _done(self, future: grpc.Future) -> None:
         if future.cancelled():
@@ -106,7 +125,7 @@ class Outbox:
                 return
             error = translate(exc, self._peer, "collective exchange")
         with self._cond:
-            self._failed = error
+            self._failed = self._failed or error  # cancel() put the cause there first
             self._cond.notify_all()
         if not self._closing:
             self._on_failed(error)
@@ -211,7 +230,11 @@ class GrpcDataPlane:
         pass
 
     def drop(self, rank: int) -> None:
-        pass  # a lost peer's stream fails by itself; a send blocked on it is woken then
+        """Cut the stream to a peer found lost: a silent one (a partition) never fails it by
+        itself, and a send blocked on its full queue, or the close, would wait on it."""
+        outbox = self._outboxes.get(rank)
+        if outbox is not None:
+            outbox.cancel()
 
     def close(self, deadline: Deadline, lost: str = "") -> None:
         # A stream's end carries no reason: the transport's Abort (with lost_task) says it.

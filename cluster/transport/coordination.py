@@ -132,6 +132,9 @@ class CoordinationService:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._expire_loop, name="coordination-clock",
                                         daemon=True)
+        # The hosting task hears of each new event at once (not at its next heartbeat): it is
+        # often the one whose collectives must stop first (the leader of its host).
+        self.on_event: Callable[[Event], None] | None = None
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
@@ -148,6 +151,11 @@ class CoordinationService:
                 request_deserializer=coordination_pb2.ReportRequest.FromString,
                 response_serializer=coordination_pb2.ReportReply.SerializeToString),
         }
+
+    @property
+    def interval(self) -> float:
+        """The heartbeat interval tasks use (the most a live task takes to call again)."""
+        return self._interval
 
     def start(self) -> None:
         self._thread.start()
@@ -176,6 +184,11 @@ class CoordinationService:
                 events = self._membership.expire(self._clock())
             for event in events:
                 log.warning("%s: %s is lost: %s", self.me, event.task, event.message)
+                self._tell_host(event)
+
+    def _tell_host(self, event: Event) -> None:
+        if self.on_event is not None and event.task != self.me:
+            self.on_event(event)
 
     def _register(self, request, context):
         if request.coordinator != self.me or request.cluster_digest != self._digest:
@@ -211,6 +224,7 @@ class CoordinationService:
         if news:
             log.info("%s: %s reports %s %s", self.me, event.reporter, event.task,
                      event.kind.value)
+            self._tell_host(event)
         return coordination_pb2.ReportReply()
 
 
@@ -257,6 +271,7 @@ class CoordinationClient:
         self._lost: PeerUnavailableError | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_flight: grpc.Future | None = None  # the heartbeat call close() cancels
 
     def _method(self, name: str, request_type, reply_type):
         return self._channel.unary_unary(
@@ -345,9 +360,29 @@ class CoordinationClient:
             return min(self._interval, max(0.1, self._tasks / 500))
         return self._interval * random.uniform(0.9, 1.1)
 
+    @property
+    def lost(self) -> PeerUnavailableError | None:
+        """The coordinator's loss, once this task has declared it (then nothing more is sent
+        to it: reports and the goodbye are skipped)."""
+        return self._lost
+
+    def _bound(self) -> float:
+        """How long the coordinator may stay silent: the start-up deadline until every task
+        has registered (a coordinator starved while interpreters start), then ``timeout``."""
+        known = self._unregistered
+        return self._startup_timeout if known is None or known[1] > 0 else self._timeout
+
+    def _until_lost(self) -> float:
+        """Seconds until the coordinator's silence reaches :meth:`_bound` (may be <= 0)."""
+        return self._last_answer + self._bound() - time.monotonic()
+
     def _run(self) -> None:
         joined = False
-        while not self._stopping.wait(self._period()):
+        # The waits end at the bound too, so a silent coordinator is declared lost when its
+        # silence reaches the timeout, not up to one period plus one call later.
+        while not self._stopping.wait(max(0.0, min(self._period(), self._until_lost()))):
+            if self._lost is not None:
+                return  # nothing more to hear from it
             self.beat()
             known = self._unregistered
             if not joined and known is not None and known[1] == 0:
@@ -356,15 +391,28 @@ class CoordinationClient:
                     return
 
     def beat(self) -> HeartbeatAnswer | None:
-        """One heartbeat (the thread calls this); events are handed to ``on_event``."""
+        """One heartbeat (the thread calls this); events are handed to ``on_event``.
+
+        The call waits at most one interval (0.5 s at least), and never past the moment the
+        coordinator's silence reaches the timeout.
+        """
         request = coordination_pb2.CoordinationHeartbeatRequest(
             task=self.me, incarnation=self.incarnation, events_seen=self._events_seen)
+        timeout = max(0.05, min(max(self._interval, 0.5), self._until_lost() + 0.01))
         try:
-            reply = self._heartbeat_call(request, timeout=max(self._interval, 0.5),
-                                         metadata=self._token.metadata)
+            call = self._heartbeat_call.future(request, timeout=timeout,
+                                               metadata=self._token.metadata)
+            self._in_flight = call
+            if self._stopping.is_set():
+                call.cancel()
+            reply = call.result()
         except grpc.RpcError as e:
             self._no_answer(status_name(e))
             return None
+        except grpc.FutureCancelledError:
+            return None  # close() cancelled it
+        finally:
+            self._in_flight = None
         events = tuple(_from_wire(e) for e in reply.events)
         with self._changed:
             self._last_answer = time.monotonic()
@@ -381,12 +429,7 @@ class CoordinationClient:
     def _no_answer(self, status: str) -> None:
         with self._changed:
             silent = time.monotonic() - self._last_answer
-            known = self._unregistered
-            # Until everyone has registered, a coordinator starved while interpreters start
-            # gets the start-up deadline, not the heartbeat timeout.
-            starting = known is None or known[1] > 0
-            bound = self._startup_timeout if starting else self._timeout
-            if self._lost is not None or silent <= bound or self._stopping.is_set():
+            if self._lost is not None or silent < self._bound() or self._stopping.is_set():
                 return
             self._lost = PeerUnavailableError(
                 f"{self._peer()} is unavailable: no answer for {silent:.1f} s [{status}]",
@@ -398,7 +441,10 @@ class CoordinationClient:
     # -- reports ----------------------------------------------------------------------------
 
     def report(self, event: Event, deadline: Deadline) -> bool:
-        """Tell the coordinator ``event`` (bounded by ``deadline``); False if it was not told."""
+        """Tell the coordinator ``event`` (bounded by ``deadline``); False if it was not told,
+        at once when the coordinator is known lost."""
+        if self._lost is not None:
+            return False
         try:
             self._report_call(coordination_pb2.ReportRequest(event=_to_wire(event)),
                               timeout=max(deadline.remaining(), 0.05),
@@ -410,10 +456,15 @@ class CoordinationClient:
         return True
 
     def close(self, *, leave: bool = True, deadline: Deadline | None = None) -> None:
-        """Stop heartbeating; with ``leave``, first tell the coordinator this is a clean exit."""
+        """Stop heartbeating (a call in flight is cancelled: closing never waits on a silent
+        coordinator); with ``leave``, tell the coordinator this is a clean exit, within
+        ``deadline`` (default 1 s), unless it is known lost."""
         self._stopping.set()
+        call = self._in_flight
+        if call is not None:
+            call.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=1.0)
         if leave and self._lost is None:
             self.report(Event(EventKind.LEFT, self.me, reporter=self.me),
                         deadline or Deadline.after(1.0))

@@ -92,6 +92,7 @@ class NetworkTransport(Transport):
         route_timeout: float = 60.0,
         on_peer_lost: Callable[[PeerInfo, str], None] | None = None,
         on_abort: Callable[[str], None] | None = None,
+        abort_timeout: float = 2.0,
     ) -> None:
         if data_plane not in DATA_PLANES:
             raise ValueError(f"data plane ({ENV_DATA_PLANE}) must be one of "
@@ -111,11 +112,13 @@ class NetworkTransport(Transport):
         self._heartbeat_timeout = heartbeat_timeout
         self._mailbox = Mailbox(lambda r: str(self._peers[r]))
         self._departed: set[int] = set()
+        self._lost: set[int] = set()  # peers found or told lost: nothing more is sent to them
         self._told_peers = False  # abort() or close() told every peer why this group failed
         self._lazy = lazy
         self._route_timeout = route_timeout
         self._on_peer_lost = on_peer_lost
         self._on_abort = on_abort
+        self._abort_timeout = abort_timeout
         self._route_locks = {p.rank: threading.Lock() for p in peers}
         self._channels_lock = threading.Lock()
         self._failed_event = threading.Event()  # wakes a route's Hello retries on a failure
@@ -426,6 +429,7 @@ class NetworkTransport(Transport):
 
     def _peer_lost(self, peer: PeerInfo, error: PeerUnavailableError, *,
                    report: bool = True) -> None:
+        self._lost.add(peer.rank)
         first = self._mailbox.error is None
         self._fail(error)
         plane = self._routes.get(peer.rank)
@@ -506,14 +510,22 @@ class NetworkTransport(Transport):
                                               lost_task=lost.task, lost_address=lost.address)
         timeout = max(min(deadline.remaining(), 2.0), 0.05)
         self._wait_told(self._tell_peers(request, timeout,
-                                         skip=frozenset({lost.rank, *self._departed})))
+                                         skip=frozenset({*self._lost, *self._departed})))
 
-    def abort(self, reason: str) -> None:
-        """Tell every peer (best effort, 2 s at most) and fail this rank's group too."""
+    @property
+    def failed(self) -> bool:
+        """Whether this rank's group has failed (aborted, or a peer lost)."""
+        return self._mailbox.error is not None
+
+    def abort(self, reason: str, *, deadline: Deadline | None = None) -> None:
+        """Tell every peer not known lost (best effort, in parallel, until ``deadline``:
+        default ``abort_timeout``) and fail this rank's group too."""
         if self.closed:
             return
         request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
-        calls = self._tell_peers(request, 2.0)  # lazy: only the peers this rank talked to
+        timeout = self._abort_timeout if deadline is None else max(deadline.remaining(), 0.05)
+        # Lazy: only the peers this rank talked to.
+        calls = self._tell_peers(request, timeout, skip=frozenset(self._lost))
         self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
                                           task=self._me.task))
         if self._on_abort is not None:

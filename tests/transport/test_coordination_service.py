@@ -150,3 +150,40 @@ def test_a_dead_coordinator_is_detected_by_every_task(cluster) -> None:
         assert isinstance(error, PeerUnavailableError)
         assert error.task == "chief:0" and "coordination service" in str(error)
         assert at > stopped
+
+
+def test_the_hosting_task_hears_new_events_from_the_service_itself(cluster) -> None:
+    heard: queue.Queue[Event] = queue.Queue()
+    cluster.service.on_event = heard.put  # the runtime of the coordinator's own task
+    cluster.join_all()
+    failed = Event(EventKind.FAILED, "worker:1", reporter="worker:1", error_type="ValueError")
+    assert cluster.clients["worker:1"].report(failed, Deadline.after(5))
+    assert (_next(heard, SLACK).kind, failed.task) == (EventKind.FAILED, "worker:1")
+    cluster.clients.pop("worker:2").close(leave=False)
+    event = _next(heard, TIMEOUT + INTERVAL + SLACK)
+    assert (event.kind, event.task) == (EventKind.LOST, "worker:2")
+    assert cluster.clients["worker:1"].report(failed, Deadline.after(5))  # no news: not again
+    lost_host = Event(EventKind.LOST, "chief:0", reporter="worker:0")
+    assert cluster.clients["worker:0"].report(lost_host, Deadline.after(5))
+    assert heard.empty()  # neither a repeat nor news about the hosting task itself
+
+
+def test_closing_never_waits_on_a_silent_coordinator() -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        client = CoordinationClient(
+            "worker:0", 1, ("chief:0", f"127.0.0.1:{silent.getsockname()[1]}"), b"d", TOKEN,
+            interval=5.0, timeout=30.0, on_event=lambda e: None,
+            on_coordinator_lost=lambda e: None)
+        client.start()  # its first heartbeat waits up to one interval (5 s) for an answer
+        deadline = Deadline.after(10)
+        while client._in_flight is None and not deadline.expired:
+            time.sleep(0.01)
+        assert client._in_flight is not None
+        started = time.monotonic()
+        client.close(leave=True, deadline=Deadline.after(0.5))
+        assert time.monotonic() - started < 2.5  # the call in flight is cancelled, not awaited
+        assert client._thread is not None and not client._thread.is_alive()
