@@ -8,7 +8,7 @@
   down: every task exits non-zero within :data:`STOP_BOUND` s, naming an unreachable peer;
 - a slow link (``tc tbf`` 100 mbit) still completes.
 
-Root only (namespaces, nftables, tc): skipped with the reason elsewhere.
+Root only (namespaces, nftables, tc): skipped with the reason elsewhere; CI runs them (as root).
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ QUICKSTART = REPO / "examples" / "quickstart"
 LAYOUT = {"h1": ["chief:0", "worker:0"], "h2": ["worker:1", "worker:2"]}
 STARTUP = 90.0  # seconds: four interpreters importing numpy and grpc on 2 cores
 BIG = str(16 << 20)  # bytes all-reduced across the slow link
-STOP_BOUND = 5.0  # seconds from a silent partition to the exit of every task (issue 16)
+# Seconds from a silent partition to the exit of every task. The goal is 5 s (issue 16), measured
+# under load by tools/load_runs.sh, which sets HOSTS_STOP_BOUND=5; in the suite the check is that
+# tasks fail fast rather than how fast (the old exit path took 9-21 s), with room for a busy CI.
+STOP_BOUND = float(os.environ.get("HOSTS_STOP_BOUND", "8"))
 UNREACHABLE = re.compile(r"PeerUnavailableError: (chief|worker):\d \((h1|h2):\d+\) "
                          r"(is unavailable|unreachable)")
 
