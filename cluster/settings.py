@@ -26,6 +26,7 @@ from cluster.errors import TaskConfigError
 __all__ = [
     "DATA_PLANES",
     "ENV_ALLOW_INSECURE",
+    "ENV_STOP_WITH_COORDINATOR",
     "ENV_CONNECT_TIMEOUT",
     "ENV_DATA_PLANE",
     "ENV_ERROR_FILE",
@@ -47,6 +48,7 @@ ENV_FUNCTION_TIMEOUT = "CLUSTER_FUNCTION_TIMEOUT"
 ENV_DATA_PLANE = "CLUSTER_DATA_PLANE"
 ENV_TOKEN = "CLUSTER_TOKEN"
 ENV_ALLOW_INSECURE = "CLUSTER_ALLOW_INSECURE"
+ENV_STOP_WITH_COORDINATOR = "CLUSTER_STOP_WITH_COORDINATOR"
 ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
 ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
 ENV_RESTART_COUNT = "CLUSTER_RESTART_COUNT"
@@ -92,7 +94,11 @@ class TaskSettings:
     forces the collective path or algorithm; ``token`` is ``CLUSTER_TOKEN`` (never shown by
     ``repr``), ``allow_insecure`` is ``CLUSTER_ALLOW_INSECURE=1``; ``launcher_pid`` is the
     launcher a task stops with; ``error_file`` is where a failed task leaves its error record;
-    ``restart_count`` is the attempt number the launcher gives (0 on the first).
+    ``restart_count`` is the attempt number the launcher gives (0 on the first);
+    ``stop_with_coordinator`` (``CLUSTER_STOP_WITH_COORDINATOR=1``) makes a task that only
+    serves (a parameter server, a worker of ``mode: coordinator``) exit 0 once the coordinator's
+    task (the chief) has finished cleanly, for launchers that do not stop servers themselves
+    (Kubernetes Jobs); ``clusterctl`` stops them and leaves it off.
     """
 
     connect_timeout: float = 60.0
@@ -104,6 +110,7 @@ class TaskSettings:
     collectives: CollectiveSettings = field(default_factory=CollectiveSettings)
     token: str | None = field(default=None, repr=False)
     allow_insecure: bool = False
+    stop_with_coordinator: bool = False
     launcher_pid: int | None = None
     error_file: str | None = None
     restart_count: int = 0
@@ -151,6 +158,11 @@ class TaskSettings:
             raise TaskConfigError(f"{ENV_ALLOW_INSECURE}={insecure!r}: expected 1 (run without "
                                   "authentication) or 0/unset")
         values["allow_insecure"] = insecure == "1"
+        stop = env.get(ENV_STOP_WITH_COORDINATOR, "").strip()
+        if stop not in ("", "0", "1"):
+            raise TaskConfigError(f"{ENV_STOP_WITH_COORDINATOR}={stop!r}: expected 1 (servers "
+                                  "exit when the chief has finished) or 0/unset")
+        values["stop_with_coordinator"] = stop == "1"
         pid = env.get(ENV_LAUNCHER_PID, "").strip()
         values["launcher_pid"] = int(pid) if pid.isdigit() else None
         values["error_file"] = env.get(ENV_ERROR_FILE) or None
@@ -172,6 +184,8 @@ ENV_VARS = (
     ("CLUSTER_SLURM_PORT_BASE", "8888", "Under `srun`: the first task port on each node."),
     (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
     (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
+    (ENV_STOP_WITH_COORDINATOR, "0",
+     "1: a task that only serves exits 0 once the chief has finished (Kubernetes Jobs)."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
     (ENV_HEARTBEAT_INTERVAL, "0.5", "Seconds between heartbeats (stretched beyond 500 tasks)."),
     (ENV_HEARTBEAT_TIMEOUT, "3", "Seconds of silence after which a peer is lost (README: "

@@ -323,6 +323,11 @@ class TaskRuntime:
             transport = self._transport
             if transport is not None and not transport.closed:
                 transport.aborted_by_peer(event.task, event.message)
+        elif (event.kind is EventKind.LEFT and event.task == self.coordinator
+              and self.settings.stop_with_coordinator):
+            # The chief finished cleanly: a task that only serves has nothing left to do
+            # (only wait_for_shutdown() waits on this; a script-running task goes on).
+            self.request_shutdown(f"{self.coordinator} has finished")
 
     def _on_peer_lost(self, task: str, why: str) -> None:
         with self._state:
@@ -462,11 +467,15 @@ class TaskRuntime:
             deadline = Deadline.after(self.settings.report_timeout if failed else 2.0)
             if transport is not None:
                 transport.close(deadline)
-            if self._service is not None:  # what it logged must reach the others first
+            if self._service is not None:
+                # The coordinator's task: its own departure first, then what it logged (that
+                # departure included) must reach the others before the service stops.
+                self._coordination.close(leave=self._joined, deadline=deadline)
                 late = self._service.drain(Deadline.after(self._service.interval * 2))
                 if late:
                     log.info("%s: %s did not hear the last events", self.task, ", ".join(late))
-            self._coordination.close(leave=self._joined, deadline=deadline)
+            else:
+                self._coordination.close(leave=self._joined, deadline=deadline)
             if self._service is not None:
                 self._service.stop()
             self.control.stop()

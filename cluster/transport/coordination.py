@@ -219,6 +219,8 @@ class CoordinationService:
         try:
             with self._lock:
                 news = self._membership.report(event, self._clock())
+                if event.kind is EventKind.LEFT and event.task == self.me:
+                    self._membership.announce(event)  # the run is over: servers may stop
         except UnknownTaskError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if news:

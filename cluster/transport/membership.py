@@ -161,6 +161,12 @@ class Membership:
         self._events.append(event)
         return True
 
+    def announce(self, event: Event) -> None:
+        """Put ``event`` in the log as it is, for every task to hear: the coordinator's own
+        clean departure (``LEFT`` of other tasks is recorded, never told), which tells tasks
+        that only serve that the run is over."""
+        self._events.append(event)
+
     # -- the coordinator's clock ---------------------------------------------------------------
 
     def expire(self, now: float) -> list[Event]:

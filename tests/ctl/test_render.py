@@ -135,11 +135,14 @@ def test_k8s_objects_follow_the_pod_contract() -> None:
         assert container["command"] == commands[name]
         assert container["workingDir"] == "/workspace"
         env = container["env"]
-        assert [e["name"] for e in env] == ["TF_CONFIG", "CLUSTER_TASK_TYPE", "CLUSTER_TOKEN",
-                                            "CLUSTER_CONNECT_TIMEOUT",
+        # examples/ps is mode: coordinator: its ps and workers only serve.
+        serves = ["CLUSTER_STOP_WITH_COORDINATOR"] if name in ("ps", "worker") else []
+        assert [e["name"] for e in env] == ["TF_CONFIG", "CLUSTER_TASK_TYPE", *serves,
+                                            "CLUSTER_TOKEN", "CLUSTER_CONNECT_TIMEOUT",
                                             "CLUSTER_HEARTBEAT_TIMEOUT", "OMP_NUM_THREADS"]
         assert env[1]["value"] == name
-        assert [e.get("value") for e in env[3:]] == ["60", "5", "1"]
+        assert [e.get("value") for e in env[-3:]] == ["60", "3", "1"]
+        assert all(e["value"] == "1" for e in env if e["name"] == "CLUSTER_STOP_WITH_COORDINATOR")
 
 
 def test_each_pods_tf_config_is_what_clusterctl_would_give_it_at_its_dns_name() -> None:

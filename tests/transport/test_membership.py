@@ -56,6 +56,17 @@ def test_a_clean_departure_is_not_a_loss_and_is_not_logged() -> None:
     assert all(e.task != "worker:0" for e in m.events)
 
 
+def test_an_announced_departure_reaches_every_live_task() -> None:
+    m = _joined()
+    left = Event(EventKind.LEFT, "chief:0", reporter="chief:0")
+    assert m.report(left, now=1.0) is False
+    m.announce(left)
+    assert set(m.undelivered()) == {"worker:0", "worker:1"}  # the coordinator waits for them
+    answer = m.heartbeat("worker:0", 101, 0, now=1.5)
+    assert [(e.kind, e.task) for e in answer.events] == [(EventKind.LEFT, "chief:0")]
+    assert m.undelivered() == ("worker:1",)
+
+
 def test_events_reach_every_task_once_in_log_order_and_replies_are_bounded() -> None:
     m = Membership(TASKS, timeout=5.0, max_events=2)
     for i, task in enumerate(TASKS):

@@ -27,6 +27,7 @@ from cluster.ctl.policy import COORDINATOR
 from cluster.ctl.render import _manifest as m
 from cluster.ctl.render.api import DEFAULT_IMAGE, DEFAULT_NAMESPACE, RenderOptions
 from cluster.ctl.spec import ClusterFile
+from cluster.settings import ENV_STOP_WITH_COORDINATOR
 from cluster.task_source import ENV_TASK_TYPE  # the pod contract's one name for it
 
 __all__ = ["ENV_TASK_TYPE", "PERMANENT_EXIT_CODES", "cluster_tf_config", "failure_policy",
@@ -100,7 +101,11 @@ def _service(spec: ClusterFile, namespace: str) -> dict[str, Any]:
 
 def _container(spec: ClusterFile, job: str, image: str, namespace: str) -> dict[str, Any]:
     env = [{"name": "TF_CONFIG", "value": cluster_tf_config(spec, namespace)},
-           {"name": ENV_TASK_TYPE, "value": job}, *m.runtime_env(spec)]
+           {"name": ENV_TASK_TYPE, "value": job}]
+    if job == "ps" or (spec.mode == COORDINATOR and job == "worker"):
+        # A Job completes only when its pods exit: servers stop once the chief has finished.
+        env.append({"name": ENV_STOP_WITH_COORDINATOR, "value": "1"})
+    env += m.runtime_env(spec)
     container: dict[str, Any] = {
         "name": "task",
         "image": image,
