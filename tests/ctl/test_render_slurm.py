@@ -47,7 +47,7 @@ def test_collective_file_is_one_srun_command_with_every_sbatch_line():
     assert srun.startswith("srun --kill-on-bad-exit=1 --label --distribution=block --ntasks=3 ")
     assert "-m worker " + str(QUICKSTART.parent / "train.py") + " --epochs 10" in srun
     assert "export OMP_NUM_THREADS=1\n" in script
-    assert "CLUSTER_CONNECT_TIMEOUT=60 CLUSTER_HEARTBEAT_TIMEOUT=5" in script
+    assert "CLUSTER_CONNECT_TIMEOUT=60 CLUSTER_HEARTBEAT_TIMEOUT=3" in script
     assert f"cd {QUICKSTART.parent}\n" in script
     assert "awk -v tasks='chief:0 worker:0 worker:1'" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True, timeout=30).returncode == 0
