@@ -162,7 +162,7 @@ def read_index(path: str) -> dict[str, Any]:
             index = json.loads(f.read())
     except FileNotFoundError as e:
         raise CheckpointCorruptError(
-            f"checkpoint {path} has no {INDEX_FILE}: not a complete checkpoint",
+            f"checkpoint index {index_path} is missing: not a complete checkpoint",
             path=index_path) from e
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(
