@@ -23,7 +23,8 @@ class CheckpointManager:
     then the directory's ``checkpoint`` index (atomically too), and only then deletes the
     checkpoints beyond ``max_to_keep`` (``None`` keeps all). A crash (even ``kill -9``) at any
     moment leaves the index naming only complete checkpoints. Temporary directories left by an
-    interrupted save are removed when a manager opens the directory.
+    interrupted save, and ``<checkpoint_name>-<n>`` checkpoints the index no longer names (dropped
+by a save killed before it deleted them), are removed when a manager opens the directory.
     """
 
     def __init__(self, checkpoint: Checkpoint, directory: str | os.PathLike,
@@ -55,6 +56,9 @@ class CheckpointManager:
         else:
             self._names = [n for n in index["checkpoints"]
                            if os.path.isdir(os.path.join(self._directory, n))]
+            for stale in set(self._scan()) - set(self._names):
+                # Dropped from the index by a save that was killed before deleting it.
+                _format.remove_checkpoint(os.path.join(self._directory, stale))
 
     def _scan(self) -> list[str]:
         pattern = re.compile(re.escape(self._name) + r"-(\d+)$")

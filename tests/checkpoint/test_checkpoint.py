@@ -287,3 +287,11 @@ def test_untrackable_objects_are_refused():
     v = cluster.Variable(1.0)
     with pytest.raises(ValueError, match="tracked twice"):
         Checkpoint(x=v, y=[v])
+
+
+def test_checkpoints_dropped_from_the_index_but_not_deleted_are_removed_on_open(tmp_path):
+    w, manager = _saved(tmp_path, n=3, keep=2)
+    (tmp_path / "ckpt-1").mkdir()  # as if a kill hit between the index write and the delete
+    (tmp_path / "other").mkdir()
+    CheckpointManager(Checkpoint(w=w), tmp_path, max_to_keep=2)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-2", "ckpt-3", "other"]
