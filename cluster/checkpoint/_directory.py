@@ -16,7 +16,13 @@ from typing import Any
 from cluster.checkpoint import _format
 from cluster.errors import CheckpointCorruptError
 
-__all__ = ["INDEX_NAME", "latest_checkpoint", "read_directory_index", "record_checkpoint"]
+__all__ = [
+    "INDEX_NAME",
+    "latest_checkpoint",
+    "plan_names",
+    "read_directory_index",
+    "record_checkpoint",
+]
 
 INDEX_NAME = "checkpoint"
 _FORMAT = "cluster-checkpoint-index"
@@ -53,6 +59,15 @@ def write_directory_index(directory: str, names: list[str]) -> None:
         "latest": names[-1] if names else None, "checkpoints": list(names)})
 
 
+def plan_names(known: list[str], name: str,
+               max_to_keep: int | None) -> tuple[list[str], list[str]]:
+    """``(kept, dropped)`` after adding ``name`` as the latest to ``known`` (oldest first)."""
+    names = [n for n in known if n != name] + [name]
+    if max_to_keep is not None and len(names) > max_to_keep:
+        return names[-max_to_keep:], names[:-max_to_keep]
+    return names, []
+
+
 def record_checkpoint(directory: str, name: str, *, max_to_keep: int | None,
                       known: list[str] | None = None) -> list[str]:
     """Record the complete checkpoint ``name`` as the latest in ``directory``'s index, then
@@ -65,10 +80,7 @@ def record_checkpoint(directory: str, name: str, *, max_to_keep: int | None,
         except CheckpointCorruptError:
             index = None  # rebuilt from this save on: a damaged index must not block saving
         known = [] if index is None else list(index["checkpoints"])
-    names = [n for n in known if n != name] + [name]
-    dropped: list[str] = []
-    if max_to_keep is not None and len(names) > max_to_keep:
-        dropped, names = names[:-max_to_keep], names[-max_to_keep:]
+    names, dropped = plan_names(known, name, max_to_keep)
     write_directory_index(directory, names)
     for old in dropped:  # only now: the index no longer names them
         _format.remove_checkpoint(os.path.join(directory, old))

@@ -36,7 +36,15 @@ from cluster.strategies._ps_variables import PsVariable
 from cluster.strategies._variables import SyncOnReadVariable
 from cluster.variables import Variable, VariableAggregation, convert_for
 
-__all__ = ["Entry", "check_nest", "restore_plan", "save_entries", "to_host"]
+__all__ = [
+    "Entry",
+    "check_nest",
+    "describe_objects",
+    "restore_plan",
+    "save_entries",
+    "to_host",
+    "variables_of",
+]
 
 SAVE_COUNTER = "save_counter"
 
@@ -220,6 +228,17 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
             + ("; " if missing and extra else "")
             + (f"not tracked here {extra}" if extra else ""))
     return entries
+
+
+def variables_of(leaves: list[tuple[str, Any]]) -> list[Variable]:
+    """The variables among ``leaves`` and the metrics' state variables."""
+    found: list[Variable] = []
+    for _, leaf in leaves:
+        if isinstance(leaf, Variable):
+            found.append(leaf)
+        elif isinstance(leaf, Metric):
+            found.extend(leaf._state)
+    return found
 
 
 def describe_objects(leaves: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from cluster.checkpoint import _format, _trackables
+from cluster.checkpoint import _format, _group, _trackables
 from cluster.checkpoint._directory import record_checkpoint
 from cluster.errors import CheckpointCorruptError
 
@@ -33,6 +34,7 @@ class Checkpoint:
             raise ValueError(f"Checkpoint: {_trackables.SAVE_COUNTER!r} is reserved")
         self._root = dict(trackables)
         self._leaves = _trackables.check_nest(self._root)
+        self._strategy = _group.group_strategy(_trackables.variables_of(self._leaves))
         self.save_counter = 0
 
     def _tensors(self) -> dict[str, np.ndarray]:
@@ -45,23 +47,44 @@ class Checkpoint:
         """Write a checkpoint at exactly ``path`` (a directory; replaced if it exists),
         atomically; ``step`` is recorded in its index. Returns the absolute path.
 
-        Does not touch ``save_counter`` nor the directory's ``checkpoint`` index.
+        Does not touch ``save_counter`` nor the directory's ``checkpoint`` index. Under
+        MultiWorkerMirroredStrategy every task must call it; the chief writes and every task
+        returns once the write is complete (see :mod:`cluster.checkpoint._group`).
         """
-        return _format.write_checkpoint(os.fspath(path), self._tensors(),
-                                        step=None if step is None else int(step),
-                                        objects=_trackables.describe_objects(self._leaves))
+        return self._commit(path, step, after=None)
+
+    def _commit(self, path: str | os.PathLike, step: int | None,
+                after: Callable[[], None] | None) -> str:
+        """Write the checkpoint, then ``after()`` (the writer's index update), as one group step."""
+        tensors = self._tensors()  # on every task: a metric's aggregate is a collective
+        objects = _trackables.describe_objects(self._leaves)
+        path = os.path.abspath(os.fspath(path))
+
+        def write() -> str:
+            _format.write_checkpoint(path, tensors, step=None if step is None else int(step),
+                                     objects=objects)
+            if after is not None:
+                after()
+            return path
+
+        if self._strategy is None:
+            return write()
+        return _group.write_as_group(self._strategy, write, lambda: path, f"checkpoint {path}")
 
     def save(self, file_prefix: str | os.PathLike) -> str:
         """Write checkpoint ``<file_prefix>-<n>`` (``n`` = the new ``save_counter``) and record
         it as the latest in its directory's ``checkpoint`` index. Returns its path."""
         self.save_counter += 1
+        path = os.path.abspath(f"{os.fspath(file_prefix)}-{self.save_counter}")
+
+        def record() -> None:
+            record_checkpoint(os.path.dirname(path), os.path.basename(path), max_to_keep=None)
+
         try:
-            path = self.write(f"{os.fspath(file_prefix)}-{self.save_counter}")
+            return self._commit(path, None, after=record)
         except BaseException:
             self.save_counter -= 1
             raise
-        record_checkpoint(os.path.dirname(path), os.path.basename(path), max_to_keep=None)
-        return path
 
     def read(self, path: str | os.PathLike) -> int | None:
         """Restore every tracked object from checkpoint ``path``; returns the recorded step.

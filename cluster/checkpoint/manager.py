@@ -8,8 +8,8 @@ import re
 import shutil
 import warnings
 
-from cluster.checkpoint import _format
-from cluster.checkpoint._directory import read_directory_index, record_checkpoint
+from cluster.checkpoint import _format, _group
+from cluster.checkpoint._directory import plan_names, read_directory_index, record_checkpoint
 from cluster.checkpoint.checkpoint import Checkpoint
 from cluster.errors import CheckpointCorruptError
 
@@ -19,12 +19,14 @@ __all__ = ["CheckpointManager"]
 class CheckpointManager:
     """Saves ``checkpoint`` as ``<directory>/<checkpoint_name>-<n>`` and keeps the newest.
 
-    One manager writes a directory at a time. Each :meth:`save` writes the checkpoint atomically,
-    then the directory's ``checkpoint`` index (atomically too), and only then deletes the
-    checkpoints beyond ``max_to_keep`` (``None`` keeps all). A crash (even ``kill -9``) at any
-    moment leaves the index naming only complete checkpoints. Temporary directories left by an
-    interrupted save, and ``<checkpoint_name>-<n>`` checkpoints the index no longer names (dropped
-by a save killed before it deleted them), are removed when a manager opens the directory.
+    One manager writes a directory at a time. Under MultiWorkerMirroredStrategy every task
+    creates its manager on the same (shared) directory and calls :meth:`save`; the chief writes.
+    Each :meth:`save` writes the checkpoint atomically, then the directory's ``checkpoint``
+    index (atomically too), and only then deletes the checkpoints beyond ``max_to_keep``
+    (``None`` keeps all). A crash (even ``kill -9``) at any moment leaves the index naming only
+    complete checkpoints. Temporary directories left by an interrupted save, and
+    ``<checkpoint_name>-<n>`` checkpoints the index no longer names (dropped by a save killed
+    before it deleted them), are removed when a manager opens the directory.
     """
 
     def __init__(self, checkpoint: Checkpoint, directory: str | os.PathLike,
@@ -41,8 +43,10 @@ by a save killed before it deleted them), are removed when a manager opens the d
         self._directory = os.path.abspath(os.fspath(directory))
         self._max_to_keep = max_to_keep
         self._name = checkpoint_name
+        # Under MultiWorkerMirroredStrategy only the chief writes (and cleans) the directory.
+        writer = _group.is_writer(checkpoint._strategy)
         os.makedirs(self._directory, exist_ok=True)
-        for entry in os.listdir(self._directory):
+        for entry in os.listdir(self._directory) if writer else ():
             if _format.is_temporary(entry):  # left by a save that was killed
                 _remove_any(os.path.join(self._directory, entry))
         try:
@@ -56,7 +60,7 @@ by a save killed before it deleted them), are removed when a manager opens the d
         else:
             self._names = [n for n in index["checkpoints"]
                            if os.path.isdir(os.path.join(self._directory, n))]
-            for stale in set(self._scan()) - set(self._names):
+            for stale in set(self._scan()) - set(self._names) if writer else ():
                 # Dropped from the index by a save that was killed before deleting it.
                 _format.remove_checkpoint(os.path.join(self._directory, stale))
 
@@ -96,13 +100,19 @@ by a save killed before it deleted them), are removed when a manager opens the d
         ckpt.save_counter += 1
         number = ckpt.save_counter if checkpoint_number is None else checkpoint_number
         name = f"{self._name}-{number}"
+        kept, _ = plan_names(self._names, name, self._max_to_keep)
+
+        def record() -> None:  # the writer only, once the checkpoint is complete
+            record_checkpoint(self._directory, name, max_to_keep=self._max_to_keep,
+                              known=self._names)
+
         try:
-            path = ckpt.write(os.path.join(self._directory, name), step=checkpoint_number)
+            path = ckpt._commit(os.path.join(self._directory, name), checkpoint_number,
+                                after=record)
         except BaseException:
             ckpt.save_counter -= 1
             raise
-        self._names = record_checkpoint(self._directory, name, max_to_keep=self._max_to_keep,
-                                        known=self._names)
+        self._names = kept
         return path
 
     def restore_or_initialize(self) -> str | None:
