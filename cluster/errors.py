@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "AddressInUseError",
+    "CheckpointCorruptError",
     "ClusterError",
     "ClusterFileError",
     "ClusterSpecMismatchError",
@@ -38,6 +39,18 @@ __all__ = [
 
 class ClusterError(RuntimeError):
     """Base of every runtime error raised by cluster-runtime."""
+
+
+class CheckpointCorruptError(ClusterError):
+    """A checkpoint is unreadable: truncated, altered, missing a file, or not a checkpoint.
+
+    ``path`` names the file (or directory) at fault; the message says what check failed.
+    ``CheckpointManager.restore_or_initialize`` falls back to an older checkpoint on it.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class PeerUnavailableError(ClusterError):

@@ -1,0 +1,256 @@
+"""What a checkpoint saves: a nest of trackables flattened into named tensors, and back.
+
+Trackables are ``cluster.Variable`` (plain or distributed), optimizers from
+:mod:`cluster.optimizers` and metrics from :mod:`cluster.metrics`, in plain nests (dicts with
+string keys, lists, tuples). Every tensor is named by its nest path joined with ``/``:
+
+================================  ==============================================================
+``model/0``                       a variable at ``Checkpoint(model=[w, b])``'s first position
+``optimizer/iterations``          the optimizer's iteration count (int64 scalar)
+``optimizer/slots/model/0/m``     a slot (``m``, ``v``, ``momentum``) of the variable
+                                  ``model/0``, named by that variable's path in the checkpoint
+``metric/total``                  a metric's state variable (``total``, ``count``)
+``save_counter``                  how many times ``Checkpoint.save`` ran (int64 scalar)
+================================  ==============================================================
+
+Distributed variables save one copy: a mirrored variable its first component, a sync-on-read
+variable (metric state) its aggregate over every replica (a collective under
+MultiWorkerMirroredStrategy: every worker must save). Restoring writes every local replica's
+component: mirrored ones all get the value; a SUM sync-on-read variable puts the value in global
+replica 0 and zeros elsewhere, so its aggregate is exactly the saved value on any replica count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cluster import _context
+from cluster.metrics import Metric
+from cluster.optimizers import Optimizer
+from cluster.strategies import DistributedVariable
+from cluster.strategies._ps_variables import PsVariable
+from cluster.strategies._variables import SyncOnReadVariable
+from cluster.variables import Variable, VariableAggregation, convert_for
+
+__all__ = [
+    "Entry",
+    "check_nest",
+    "describe_objects",
+    "restore_plan",
+    "save_entries",
+    "to_host",
+    "variables_of",
+]
+
+SAVE_COUNTER = "save_counter"
+
+
+@dataclass
+class Entry:
+    """One named tensor: its expected dtype and shape, how to read it and how to put it back."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    read: Callable[[], np.ndarray]
+    apply: Callable[[np.ndarray], None]
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
+        else np.array(array, copy=True)
+
+
+def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(nest, dict):
+        for key, value in nest.items():
+            if not isinstance(key, str) or not key or "/" in key:
+                raise ValueError(f"Checkpoint: key {key!r} at '{path or '/'}' must be a non-empty "
+                                 "string without '/' (it becomes part of tensor names)")
+            yield from _walk(value, f"{path}/{key}" if path else key)
+    elif isinstance(nest, (list, tuple)):
+        for i, value in enumerate(nest):
+            yield from _walk(value, f"{path}/{i}")
+    elif isinstance(nest, (Variable, Optimizer, Metric)):
+        if isinstance(nest, PsVariable):
+            raise TypeError(
+                f"Checkpoint: {path} is a parameter-server variable ({nest.name}); saving "
+                "ParameterServerStrategy variables is not supported yet")
+        yield path, nest
+    else:
+        raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
+                        "cluster.Variable, cluster.optimizers optimizers, cluster.metrics metrics "
+                        "and dicts/lists/tuples of them")
+
+
+def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(path, trackable)`` for every leaf of ``root``; ``TypeError``/``ValueError`` on leaves
+    that are not trackables and on keys that cannot be names."""
+    leaves = list(_walk(root, ""))
+    seen: dict[int, str] = {}
+    for path, leaf in leaves:
+        if id(leaf) in seen:
+            raise ValueError(f"Checkpoint: the same object is tracked twice, at {seen[id(leaf)]} "
+                             f"and {path}; track it once")
+        seen[id(leaf)] = path
+    return leaves
+
+
+# -- variables ------------------------------------------------------------------------------------
+
+def _read_variable(variable: Variable) -> np.ndarray:
+    if isinstance(variable, SyncOnReadVariable) \
+            and variable.aggregation is not VariableAggregation.NONE:
+        return variable.numpy()  # the aggregate, in cross-replica context
+    if isinstance(variable, DistributedVariable):
+        return variable.values[0].numpy()
+    return variable.numpy()
+
+
+def _apply_variable(variable: Variable, array: np.ndarray) -> None:
+    if not isinstance(variable, DistributedVariable):
+        variable._write(convert_for(variable, array, "restore"))
+        return
+    components = variable.values
+    if isinstance(variable, SyncOnReadVariable) and variable.aggregation is VariableAggregation.SUM:
+        first_worker = variable._distribute_strategy.extended._worker_index == 0
+        zeros = np.zeros_like(array)
+        for i, component in enumerate(components):
+            value = array if (first_worker and i == 0) else zeros
+            component._write(convert_for(component, value, "restore"))
+        return
+    for component in components:
+        component._write(convert_for(component, array, "restore"))
+
+
+def _variable_entry(name: str, variable: Variable) -> Entry:
+    return Entry(name, np.dtype(variable.dtype), tuple(variable.shape),
+                 lambda: _read_variable(variable), lambda a: _apply_variable(variable, a))
+
+
+# -- optimizers and metrics -----------------------------------------------------------------------
+
+def _iterations_entry(name: str, optimizer: Optimizer) -> Entry:
+    def apply(array: np.ndarray) -> None:
+        optimizer.iterations = int(array)
+
+    return Entry(f"{name}/iterations", np.dtype(np.int64), (),
+                 lambda: np.array(optimizer.iterations, np.int64), apply)
+
+
+def _slot_entry(name: str, optimizer: Optimizer, variable: Variable, slot: str) -> Entry:
+    def slot_variable() -> Variable:
+        if id(variable) not in optimizer._slots:  # restored before the first step: create them
+            strategy = variable._distribute_strategy or _context.get_strategy()
+            optimizer._slots_for(strategy, variable)
+        return optimizer._slots[id(variable)][slot]
+
+    return Entry(name, np.dtype(variable.dtype), tuple(variable.shape),
+                 lambda: _read_variable(slot_variable()),
+                 lambda a: _apply_variable(slot_variable(), a))
+
+
+def _metric_state_name(metric: Metric, variable: Variable) -> str:
+    base = variable.name.split(":")[0]
+    return base[len(metric.name) + 1:] if base.startswith(metric.name + "/") else base
+
+
+def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
+    """The entries to save for ``leaves`` (from :func:`check_nest`).
+
+    Raises ``ValueError`` when an optimizer holds slots for a variable the checkpoint does not
+    track (the slot could not be named, nor restored).
+    """
+    var_paths = {id(v): p for p, v in leaves if isinstance(v, Variable)}
+    entries: list[Entry] = []
+    for path, leaf in leaves:
+        if isinstance(leaf, Variable):
+            entries.append(_variable_entry(path, leaf))
+        elif isinstance(leaf, Optimizer):
+            entries.append(_iterations_entry(path, leaf))
+            by_id = {id(v): v for _, v in leaves if isinstance(v, Variable)}
+            for var_id, slots in leaf._slots.items():
+                if var_id not in var_paths:
+                    names = ", ".join(s.name for s in slots.values())
+                    raise ValueError(
+                        f"Checkpoint: optimizer {leaf.name} at {path} has slots ({names}) for a "
+                        "variable this checkpoint does not track; add the model's variables to "
+                        "the Checkpoint")
+                for slot in slots:
+                    entries.append(_slot_entry(f"{path}/slots/{var_paths[var_id]}/{slot}", leaf,
+                                               by_id[var_id], slot))
+        else:
+            for state in leaf._state:
+                entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
+                                               state))
+    return entries
+
+
+def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
+    """The entries to restore for ``leaves`` from a checkpoint holding tensors ``names``.
+
+    Optimizer slots are restored for every tracked variable the checkpoint has slots for (they
+    are created if the optimizer has not stepped yet). Raises ``ValueError`` when a tracked object
+    has no tensor in the checkpoint, or the checkpoint has tensors no tracked object takes.
+    """
+    entries: list[Entry] = []
+    variables = [(p, v) for p, v in leaves if isinstance(v, Variable)]
+    for path, leaf in leaves:
+        if isinstance(leaf, Variable):
+            entries.append(_variable_entry(path, leaf))
+        elif isinstance(leaf, Optimizer):
+            entries.append(_iterations_entry(path, leaf))
+            for var_path, variable in variables:
+                for slot in leaf._slot_names():
+                    name = f"{path}/slots/{var_path}/{slot}"
+                    if name in names:
+                        entries.append(_slot_entry(name, leaf, variable, slot))
+                    elif id(variable) in leaf._slots:
+                        raise ValueError(
+                            f"Checkpoint: restoring would leave optimizer slot {name} as it is "
+                            "(the checkpoint has none; it was saved before the first step)")
+        else:
+            for state in leaf._state:
+                entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
+                                               state))
+    wanted = {e.name for e in entries}
+    missing = sorted(wanted - names)
+    extra = sorted(names - wanted - {SAVE_COUNTER})
+    if missing or extra:
+        raise ValueError(
+            "Checkpoint: the checkpoint does not match the tracked objects: "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"not tracked here {extra}" if extra else ""))
+    return entries
+
+
+def variables_of(leaves: list[tuple[str, Any]]) -> list[Variable]:
+    """The variables among ``leaves`` and the metrics' state variables."""
+    found: list[Variable] = []
+    for _, leaf in leaves:
+        if isinstance(leaf, Variable):
+            found.append(leaf)
+        elif isinstance(leaf, Metric):
+            found.extend(leaf._state)
+    return found
+
+
+def describe_objects(leaves: list[tuple[str, Any]]) -> dict[str, Any]:
+    """What the index records about optimizers and metrics (type, hyperparameters)."""
+    objects: dict[str, Any] = {}
+    for path, leaf in leaves:
+        if isinstance(leaf, Optimizer):
+            hyper = {k: v for k, v in vars(leaf).items()
+                     if not k.startswith("_") and k not in ("name", "iterations")
+                     and isinstance(v, (bool, int, float, str))}
+            objects[path] = {"kind": "optimizer", "type": type(leaf).__name__, "name": leaf.name,
+                             "iterations": int(leaf.iterations), "hyperparameters": hyper}
+        elif isinstance(leaf, Metric):
+            objects[path] = {"kind": "metric", "type": type(leaf).__name__, "name": leaf.name}
+    return objects
