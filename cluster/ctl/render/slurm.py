@@ -42,6 +42,7 @@ from pathlib import Path
 from cluster.ctl.policy import COORDINATOR
 from cluster.ctl.render.api import RenderError, RenderOptions
 from cluster.ctl.spec import ClusterFile
+from cluster.settings import ENV_STOP_WITH_COORDINATOR
 from cluster.task_source import ENV_SLURM_JOBS, ENV_SLURM_PORT_BASE
 
 __all__ = ["PORT_RANGE", "SlurmRenderError", "rank_order", "render", "render_slurm"]
@@ -187,8 +188,10 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
     ]
     coordinator = spec.mode == COORDINATOR
     if coordinator:
-        lines += ["# The chief's wrapper also ends the step when the chief succeeds (its servers "
-                  "serve until stopped).",
+        lines += ["# Servers exit 0 once the chief has finished cleanly; the chief's wrapper also "
+                  "ends the",
+                  "# step when the chief succeeds, for whatever still serves.",
+                  f"export {ENV_STOP_WITH_COORDINATOR}=1",
                   f"export CLUSTER_CHIEF_WRAPPER={q(_CHIEF_WRAPPER)}"]
     lines.append("")
     srun = ["srun", "--kill-on-bad-exit=1", "--label", "--distribution=block",
