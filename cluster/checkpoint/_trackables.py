@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
+from cluster.checkpoint import _ps
 from cluster.metrics import Metric
 from cluster.optimizers import Optimizer
 from cluster.strategies import DistributedVariable
-from cluster.strategies._ps_variables import PsVariable
 from cluster.strategies._variables import SyncOnReadVariable
 from cluster.variables import Variable, VariableAggregation, convert_for
 
@@ -77,10 +77,6 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
         for i, value in enumerate(nest):
             yield from _walk(value, f"{path}/{i}")
     elif isinstance(nest, (Variable, Optimizer, Metric)):
-        if isinstance(nest, PsVariable):
-            raise TypeError(
-                f"Checkpoint: {path} is a parameter-server variable ({nest.name}); saving "
-                "ParameterServerStrategy variables is not supported yet")
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
@@ -98,6 +94,7 @@ def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
             raise ValueError(f"Checkpoint: the same object is tracked twice, at {seen[id(leaf)]} "
                              f"and {path}; track it once")
         seen[id(leaf)] = path
+    _ps.check_optimizers(leaves)
     return leaves
 
 
@@ -167,9 +164,14 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
     track (the slot could not be named, nor restored).
     """
     var_paths = {id(v): p for p, v in leaves if isinstance(v, Variable)}
+    snapshot = _ps.PsSnapshot([v for _, v in leaves if _ps.is_ps_variable(v)])
     entries: list[Entry] = []
     for path, leaf in leaves:
-        if isinstance(leaf, Variable):
+        if _ps.is_ps_variable(leaf):  # read with every other ps variable, in one pull
+            entries.append(Entry(path, np.dtype(leaf.dtype), tuple(leaf.shape),
+                                 lambda leaf=leaf: snapshot.get(leaf),
+                                 lambda a, leaf=leaf: _apply_variable(leaf, a)))
+        elif isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
