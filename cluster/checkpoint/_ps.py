@@ -19,10 +19,12 @@ tasks and each ``ps`` task writing its own shards in parallel): the **coordinato
 The cost is one copy of the model through the coordinator's network link; the ps-writes design
 would spread that over the ps tasks' links and disks. See the README for the figures.
 
-Not saved: the optimizer slots that a parameter server keeps next to its variables (momentum,
-Adam's ``m``/``v``, the per-variable step count). A checkpoint that tracks an optimizer with
-slots together with parameter-server variables is refused (:func:`check_optimizers`) rather than
-saved without them, which would silently change training on resume.
+Optimizer state: the slots a parameter server keeps next to each shard (momentum, Adam's
+``m``/``v``) are read and saved the same way, whole, as ``<optimizer>/slots/<variable>/<slot>``
+(the names the other strategies use), with the per-variable update count (Adam's ``t``) as
+``<optimizer>/ps_iterations/<variable>``; a restore writes them to the new shards (the
+``ReadSlots``/``WriteSlots`` RPCs of ``proto/ps.proto``), adopting the tracked optimizer on a
+variable that has not been pushed to yet, so training resumes bit for bit.
 
 Consistency: values are read as they are when the save runs. Save between steps (after
 ``coordinator.join()``), as with TF, or a concurrent asynchronous step may be half in the
@@ -31,15 +33,22 @@ checkpoint (each shard is read atomically, the set of them is not).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from cluster.optimizers import Optimizer
+from cluster.ps.partitioners import Shard
+from cluster.ps.store import OptimizerSpec
 from cluster.strategies._ps_variables import PsVariable, refresh
 
-__all__ = ["PsSnapshot", "check_optimizers", "is_ps_variable"]
+#: An entry's fields (``_trackables.Entry(*fields)``): name, dtype, shape, read, apply.
+EntryFields = tuple[str, np.dtype, tuple[int, ...], Callable[[], np.ndarray],
+                    Callable[[np.ndarray], None]]
+
+__all__ = ["EntryFields", "PsSnapshot", "is_ps_variable", "optimizer_restore_entries",
+           "optimizer_save_entries"]
 
 
 def is_ps_variable(variable: Any) -> bool:
@@ -73,17 +82,110 @@ class PsSnapshot:
         return self._values[id(variable)]
 
 
-def check_optimizers(leaves: Sequence[tuple[str, Any]]) -> None:
-    """Raise ``TypeError`` when ``leaves`` hold parameter-server variables and an optimizer with
-    slots: those slots live on the ps tasks and are not saved (see the module docstring)."""
-    ps_paths = [p for p, v in leaves if isinstance(v, PsVariable)]
-    if not ps_paths:
-        return
+def _split(variable: PsVariable, array: np.ndarray) -> list[tuple[Shard, np.ndarray]]:
+    """``array`` (the logical variable's shape) cut into ``variable``'s shards."""
+    return [(shard, array[shard.offset:shard.offset + shard.shape[0]] if shard.shape else array)
+            for shard in variable._spec.shards]
+
+
+def _spec_of(optimizer: Optimizer) -> OptimizerSpec | None:
+    try:
+        return OptimizerSpec.from_optimizer(optimizer)
+    except TypeError:
+        return None  # an optimizer without a parameter-server rule holds no ps state
+
+
+class _SlotState:
+    """The optimizer state of every shard of ``variables``: one ReadSlots per ps task."""
+
+    def __init__(self, variables: Sequence[PsVariable]) -> None:
+        self.by_shard: dict[str, tuple] = {}
+        by_strategy: dict[int, list[PsVariable]] = {}
+        for variable in variables:
+            by_strategy.setdefault(id(variable._strategy), []).append(variable)
+        for group in by_strategy.values():
+            requests: dict[int, list[str]] = {}
+            for variable in group:
+                for shard in variable._spec.shards:
+                    requests.setdefault(shard.ps, []).append(shard.name)
+            connections = group[0]._strategy.extended._connections
+            self.by_shard.update(connections.read_slots(requests))
+
+    def optimizer(self, variable: PsVariable) -> OptimizerSpec | None:
+        return self.by_shard[variable._spec.shards[0].name][0]
+
+    def iterations(self, variable: PsVariable) -> np.ndarray:
+        return np.array(self.by_shard[variable._spec.shards[0].name][1], np.int64)
+
+    def slot(self, variable: PsVariable, slot: str) -> np.ndarray:
+        parts = [self.by_shard[shard.name][2][slot] for shard in variable._spec.shards]
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _slot_names(path: str, var_path: str, spec: OptimizerSpec) -> list[tuple[str, str | None]]:
+    return ([(f"{path}/slots/{var_path}/{slot}", slot) for slot in spec.slot_names]
+            + [(f"{path}/ps_iterations/{var_path}", None)])
+
+
+def _slot_entry(name: str, variable: PsVariable, spec: OptimizerSpec, slot: str | None,
+                read: Any) -> EntryFields:
+    def apply(array: np.ndarray) -> None:
+        connections = variable._strategy.extended._connections
+        if slot is None:
+            for shard in variable._spec.shards:
+                connections.write_slots(shard.ps, shard.name, spec, iterations=int(array))
+            return
+        for shard, rows in _split(variable, np.asarray(array)):
+            connections.write_slots(shard.ps, shard.name, spec, slots={slot: rows})
+
+    if slot is None:
+        return (name, np.dtype(np.int64), (), read, apply)
+    return (name, np.dtype(variable.dtype), tuple(variable.shape), read, apply)
+
+
+def optimizer_save_entries(leaves: Sequence[tuple[str, Any]]) -> list[EntryFields]:
+    """The entries saving the parameter-server optimizer state of the ps variables in
+    ``leaves``, for each tracked optimizer. Raises ``ValueError`` when a ps variable has
+    optimizer state that no tracked optimizer owns (it could not be named, nor restored)."""
+    variables = [(p, v) for p, v in leaves if isinstance(v, PsVariable)]
+    if not variables:
+        return []
+    state = _SlotState([v for _, v in variables])
+    optimizers = [(p, o, _spec_of(o)) for p, o in leaves if isinstance(o, Optimizer)]
+    entries: list[EntryFields] = []
+    for var_path, variable in variables:
+        spec = state.optimizer(variable)
+        if spec is None:
+            continue  # never pushed to: no state
+        owner = next((p for p, _, s in optimizers if s == spec), None)
+        if owner is None:
+            raise ValueError(
+                f"Checkpoint: parameter-server variable {var_path} ({variable.name}) has state "
+                f"of optimizer {spec}, which no tracked optimizer has; add that optimizer to "
+                "the Checkpoint")
+        for name, slot in _slot_names(owner, var_path, spec):
+            read = (lambda v=variable: state.iterations(v)) if slot is None \
+                else (lambda v=variable, s=slot: state.slot(v, s))
+            entries.append(_slot_entry(name, variable, spec, slot, read))
+    return entries
+
+
+def optimizer_restore_entries(leaves: Sequence[tuple[str, Any]],
+                              names: set[str]) -> list[EntryFields]:
+    """The entries restoring the parameter-server optimizer state that checkpoint tensors
+    ``names`` hold for the ps variables in ``leaves``."""
+    variables = [(p, v) for p, v in leaves if isinstance(v, PsVariable)]
+    entries: list[EntryFields] = []
     for path, leaf in leaves:
-        if isinstance(leaf, Optimizer) and leaf._slot_names():
-            raise TypeError(
-                f"Checkpoint: optimizer {leaf.name} at {path} keeps slots "
-                f"({', '.join(leaf._slot_names())}) on the parameter servers for "
-                f"{', '.join(ps_paths)}, and checkpoints of ParameterServerStrategy do not save "
-                "parameter-server optimizer slots yet; track the variables without this "
-                "optimizer, or use an optimizer without slots (SGD without momentum)")
+        spec = _spec_of(leaf) if isinstance(leaf, Optimizer) else None
+        if spec is None:
+            continue
+        for var_path, variable in variables:
+            for name, slot in _slot_names(path, var_path, spec):
+                if name in names:
+                    entries.append(_slot_entry(name, variable, spec, slot, _unreadable))
+    return entries
+
+
+def _unreadable() -> np.ndarray:
+    raise AssertionError("restore entries are applied, never read")

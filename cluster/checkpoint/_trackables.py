@@ -18,6 +18,8 @@ variable (metric state) its aggregate over every replica (a collective under
 MultiWorkerMirroredStrategy: every worker must save). Restoring writes every local replica's
 component: mirrored ones all get the value; a SUM sync-on-read variable puts the value in global
 replica 0 and zeros elsewhere, so its aggregate is exactly the saved value on any replica count.
+Parameter-server variables save their whole logical value and their optimizer state as read
+from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 """
 
 from __future__ import annotations
@@ -94,7 +96,6 @@ def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
             raise ValueError(f"Checkpoint: the same object is tracked twice, at {seen[id(leaf)]} "
                              f"and {path}; track it once")
         seen[id(leaf)] = path
-    _ps.check_optimizers(leaves)
     return leaves
 
 
@@ -190,6 +191,7 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
             for state in leaf._state:
                 entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
                                                state))
+    entries.extend(Entry(*fields) for fields in _ps.optimizer_save_entries(leaves))
     return entries
 
 
@@ -200,8 +202,10 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
     are created if the optimizer has not stepped yet). Raises ``ValueError`` when a tracked object
     has no tensor in the checkpoint, or the checkpoint has tensors no tracked object takes.
     """
-    entries: list[Entry] = []
-    variables = [(p, v) for p, v in leaves if isinstance(v, Variable)]
+    entries: list[Entry] = [Entry(*f) for f in _ps.optimizer_restore_entries(leaves, names)]
+    # Parameter-server variables keep their slots on the ps tasks (restored just above).
+    variables = [(p, v) for p, v in leaves
+                 if isinstance(v, Variable) and not _ps.is_ps_variable(v)]
     for path, leaf in leaves:
         if isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))
