@@ -14,7 +14,8 @@ tasks and each ``ps`` task writing its own shards in parallel): the **coordinato
   splits it by that cluster's partitioner: a checkpoint written with P ``ps`` tasks restores with
   any other number (re-sharding costs nothing extra).
 - Parameter servers need no access to the checkpoint directory (they often have none: a pod's
-  disk is not the job's storage), and the ``ps`` service needs no new RPC.
+  disk is not the job's storage); the ``ps`` service only gained reads and writes of optimizer
+  slots (below), no file handling.
 
 The cost is one copy of the model through the coordinator's network link; the ps-writes design
 would spread that over the ps tasks' links and disks. See the README for the figures.
