@@ -17,7 +17,7 @@ from cluster.ps.store import AssignMode, VariableStore
 from cluster.transport._grpc_errors import abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_wire import fill_chunk, from_chunk
-from cluster.transport.ps_client import SERVICE, optimizer_from_proto
+from cluster.transport.ps_client import SERVICE, optimizer_from_proto, optimizer_to_proto
 from cluster.transport.server import TaskServer
 
 __all__ = ["PsService"]
@@ -49,6 +49,10 @@ class PsService:
             "Pull": unary(self._pull, ps_pb2.PullRequest, ps_pb2.PullReply),
             "Push": unary(self._push, ps_pb2.PushRequest, ps_pb2.PushReply),
             "Assign": unary(self._assign, ps_pb2.AssignRequest, ps_pb2.AssignReply),
+            "ReadSlots": unary(self._read_slots, ps_pb2.ReadSlotsRequest,
+                               ps_pb2.ReadSlotsReply),
+            "WriteSlots": unary(self._write_slots, ps_pb2.WriteSlotsRequest,
+                                ps_pb2.WriteSlotsReply),
         }
 
     @staticmethod
@@ -98,3 +102,24 @@ class PsService:
         value = from_chunk(request.value.value, f"value of {request.value.name}")
         version = self.store.assign(request.value.name, value, AssignMode(request.mode))
         return ps_pb2.AssignReply(version=version)
+
+    def _read_slots(self, request, context):
+        reply = ps_pb2.ReadSlotsReply()
+        for name in request.names:
+            optimizer, iterations, slots = self.store.read_slots(name)
+            entry = reply.variables.add(name=name, optimizer=optimizer_to_proto(optimizer),
+                                        iterations=iterations)
+            for slot, array in slots.items():
+                fill_chunk(entry.slots.add(name=slot).value, array, f"slot {slot} of {name}")
+        return reply
+
+    def _write_slots(self, request, context):
+        for entry in request.variables:
+            optimizer = optimizer_from_proto(entry.optimizer)
+            if optimizer is None:
+                raise ValueError(f"write_slots: no optimizer given for {entry.name}")
+            slots = {s.name: from_chunk(s.value, f"slot {s.name} of {entry.name}")
+                     for s in entry.slots}
+            iterations = entry.iterations if entry.HasField("iterations") else None
+            self.store.write_slots(entry.name, optimizer, iterations=iterations, slots=slots)
+        return ps_pb2.WriteSlotsReply()

@@ -18,6 +18,8 @@ variable (metric state) its aggregate over every replica (a collective under
 MultiWorkerMirroredStrategy: every worker must save). Restoring writes every local replica's
 component: mirrored ones all get the value; a SUM sync-on-read variable puts the value in global
 replica 0 and zeros elsewhere, so its aggregate is exactly the saved value on any replica count.
+Parameter-server variables save their whole logical value and their optimizer state as read
+from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
+from cluster.checkpoint import _ps
 from cluster.metrics import Metric
 from cluster.optimizers import Optimizer
 from cluster.strategies import DistributedVariable
-from cluster.strategies._ps_variables import PsVariable
 from cluster.strategies._variables import SyncOnReadVariable
 from cluster.variables import Variable, VariableAggregation, convert_for
 
@@ -77,10 +79,6 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
         for i, value in enumerate(nest):
             yield from _walk(value, f"{path}/{i}")
     elif isinstance(nest, (Variable, Optimizer, Metric)):
-        if isinstance(nest, PsVariable):
-            raise TypeError(
-                f"Checkpoint: {path} is a parameter-server variable ({nest.name}); saving "
-                "ParameterServerStrategy variables is not supported yet")
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
@@ -167,9 +165,14 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
     track (the slot could not be named, nor restored).
     """
     var_paths = {id(v): p for p, v in leaves if isinstance(v, Variable)}
+    snapshot = _ps.PsSnapshot([v for _, v in leaves if _ps.is_ps_variable(v)])
     entries: list[Entry] = []
     for path, leaf in leaves:
-        if isinstance(leaf, Variable):
+        if _ps.is_ps_variable(leaf):  # read with every other ps variable, in one pull
+            entries.append(Entry(path, np.dtype(leaf.dtype), tuple(leaf.shape),
+                                 lambda leaf=leaf: snapshot.get(leaf),
+                                 lambda a, leaf=leaf: _apply_variable(leaf, a)))
+        elif isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
@@ -188,6 +191,7 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
             for state in leaf._state:
                 entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
                                                state))
+    entries.extend(Entry(*fields) for fields in _ps.optimizer_save_entries(leaves))
     return entries
 
 
@@ -198,8 +202,10 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
     are created if the optimizer has not stepped yet). Raises ``ValueError`` when a tracked object
     has no tensor in the checkpoint, or the checkpoint has tensors no tracked object takes.
     """
-    entries: list[Entry] = []
-    variables = [(p, v) for p, v in leaves if isinstance(v, Variable)]
+    entries: list[Entry] = [Entry(*f) for f in _ps.optimizer_restore_entries(leaves, names)]
+    # Parameter-server variables keep their slots on the ps tasks (restored just above).
+    variables = [(p, v) for p, v in leaves
+                 if isinstance(v, Variable) and not _ps.is_ps_variable(v)]
     for path, leaf in leaves:
         if isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))

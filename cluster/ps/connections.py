@@ -81,6 +81,16 @@ class PsConnections:
         calls = {ps: (lambda c, g=g: c.push(g, **options)) for ps, g in grads.items() if g}
         self._each(calls)
 
+    def read_slots(self, requests: Mapping[int, Sequence[str]]) -> dict[str, tuple]:
+        """``{ps: [name, ...]}`` -> ``{name: (optimizer, iterations, slots)}`` (one request per
+        task, concurrently; for checkpoints)."""
+        calls = {ps: (lambda c, names=names: c.read_slots(names))
+                 for ps, names in requests.items() if names}
+        return {n: v for got in self._each(calls).values() for n, v in got.items()}
+
+    def write_slots(self, ps: int, name: str, optimizer: Any, **options: Any) -> None:
+        _named(self.clients[ps], lambda c: c.write_slots(name, optimizer, **options))
+
     def assign(self, ps: int, name: str, value: Any, mode: Any) -> int:
         return _named(self.clients[ps], lambda c: c.assign(name, value, mode))
 

@@ -242,6 +242,43 @@ class VariableStore:
                                             f"{slot!r} (slots: {sorted(var.slots)})", variable=name)
             return var.slots[slot].copy()
 
+    def read_slots(self, name: str) -> tuple[OptimizerSpec | None, int, dict[str, np.ndarray]]:
+        """``(optimizer, iterations, {slot: copy})`` of variable ``name``, read atomically (for
+        checkpoints). Raises :class:`VariableNotFoundError`."""
+        var = self._get(name)
+        with var.lock:
+            return var.optimizer, var.iterations, {s: a.copy() for s, a in var.slots.items()}
+
+    def write_slots(self, name: str, optimizer: OptimizerSpec, *, iterations: int | None = None,
+                    slots: Mapping[str, Any] | None = None) -> None:
+        """Set some of ``name``'s optimizer state (restoring a checkpoint): the ``slots`` given
+        and ``iterations`` when not ``None``. A variable without an optimizer adopts
+        ``optimizer`` first. Value, version and other slots are unchanged. Raises
+        :class:`VariableNotFoundError`, :class:`VariableMismatchError` (another optimizer, a slot
+        it has not, a wrong shape or dtype), ``ValueError`` for negative ``iterations``.
+        """
+        if iterations is not None and int(iterations) < 0:
+            raise ValueError(f"write_slots: iterations must be >= 0, got {iterations}")
+        var = self._get(name)
+        self._check_optimizer(var, optimizer)
+        with self._lock:  # adoption happens under the store lock (see _adopt)
+            if var.optimizer is None:
+                self._check_optimizer(var, optimizer)
+                with var.lock:
+                    var.adopt(optimizer)
+        slots = dict(slots or {})
+        for slot in slots:
+            if slot not in var.slots:
+                raise VariableMismatchError(
+                    f"variable {name}{self._where()} has no slot {slot!r} (slots: "
+                    f"{sorted(var.slots)})", variable=name)
+        arrays = {s: self._coerce(var, v, f"slot {s}") for s, v in slots.items()}
+        with var.lock:
+            for slot, array in arrays.items():
+                np.copyto(var.slots[slot], array)
+            if iterations is not None:
+                var.iterations = int(iterations)
+
     # ---- pull -----------------------------------------------------------------------------
 
     def pull(self, names: Iterable[str],

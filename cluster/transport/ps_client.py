@@ -78,6 +78,8 @@ class PsClient:
                 ("Pull", ps_pb2.PullRequest, ps_pb2.PullReply),
                 ("Push", ps_pb2.PushRequest, ps_pb2.PushReply),
                 ("Assign", ps_pb2.AssignRequest, ps_pb2.AssignReply),
+                ("ReadSlots", ps_pb2.ReadSlotsRequest, ps_pb2.ReadSlotsReply),
+                ("WriteSlots", ps_pb2.WriteSlotsRequest, ps_pb2.WriteSlotsReply),
             ]
         }
 
@@ -154,6 +156,29 @@ class PsClient:
         request.value.name = name
         fill_chunk(request.value.value, np.asarray(value), f"value of {name}")
         return self._call("Assign", request, timeout, f"assign to {name}").version
+
+    def read_slots(self, names: Iterable[str], *, timeout: float | None = None
+                   ) -> dict[str, tuple[OptimizerSpec | None, int, dict[str, np.ndarray]]]:
+        """:meth:`VariableStore.read_slots` of each of ``names`` on the task, in one call."""
+        names = list(names)
+        reply = self._call("ReadSlots", ps_pb2.ReadSlotsRequest(names=names), timeout,
+                           f"read of the optimizer slots of {len(names)} variables")
+        return {v.name: (optimizer_from_proto(v.optimizer), v.iterations,
+                         {s.name: from_chunk(s.value, f"slot {s.name} of {v.name}")
+                          for s in v.slots})
+                for v in reply.variables}
+
+    def write_slots(self, name: str, optimizer: OptimizerSpec, *, iterations: int | None = None,
+                    slots: Mapping[str, Any] | None = None, timeout: float | None = None) -> None:
+        """:meth:`VariableStore.write_slots` on the task."""
+        request = ps_pb2.WriteSlotsRequest()
+        entry = request.variables.add(name=name, optimizer=optimizer_to_proto(optimizer))
+        if iterations is not None:
+            entry.iterations = int(iterations)
+        for slot, value in (slots or {}).items():
+            fill_chunk(entry.slots.add(name=slot).value, np.asarray(value),
+                       f"slot {slot} of {name}")
+        self._call("WriteSlots", request, timeout, f"write of the optimizer slots of {name}")
 
 
 class PsWatch:

@@ -125,3 +125,37 @@ class AssignReply(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class VariableSlots(_message.Message):
+    __slots__ = ("name", "optimizer", "iterations", "slots")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    optimizer: OptimizerConfig
+    iterations: int
+    slots: _containers.RepeatedCompositeFieldContainer[VariableValue]
+    def __init__(self, name: _Optional[str] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., iterations: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[VariableValue, _Mapping]]] = ...) -> None: ...
+
+class ReadSlotsRequest(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReadSlotsReply(_message.Message):
+    __slots__ = ("variables",)
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    variables: _containers.RepeatedCompositeFieldContainer[VariableSlots]
+    def __init__(self, variables: _Optional[_Iterable[_Union[VariableSlots, _Mapping]]] = ...) -> None: ...
+
+class WriteSlotsRequest(_message.Message):
+    __slots__ = ("variables",)
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    variables: _containers.RepeatedCompositeFieldContainer[VariableSlots]
+    def __init__(self, variables: _Optional[_Iterable[_Union[VariableSlots, _Mapping]]] = ...) -> None: ...
+
+class WriteSlotsReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -54,6 +54,16 @@ class ParameterServerStub:
                 request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.AssignRequest.SerializeToString,
                 response_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.AssignReply.FromString,
                 _registered_method=True)
+        self.ReadSlots = channel.unary_unary(
+                '/cluster_runtime.v1.ParameterServer/ReadSlots',
+                request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsRequest.SerializeToString,
+                response_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsReply.FromString,
+                _registered_method=True)
+        self.WriteSlots = channel.unary_unary(
+                '/cluster_runtime.v1.ParameterServer/WriteSlots',
+                request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsRequest.SerializeToString,
+                response_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -83,6 +93,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadSlots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteSlots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +127,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Assign,
                     request_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.AssignRequest.FromString,
                     response_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.AssignReply.SerializeToString,
+            ),
+            'ReadSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadSlots,
+                    request_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsRequest.FromString,
+                    response_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsReply.SerializeToString,
+            ),
+            'WriteSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteSlots,
+                    request_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsRequest.FromString,
+                    response_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +247,60 @@ class ParameterServer:
             '/cluster_runtime.v1.ParameterServer/Assign',
             cluster_dot_transport_dot___pb_dot_ps__pb2.AssignRequest.SerializeToString,
             cluster_dot_transport_dot___pb_dot_ps__pb2.AssignReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster_runtime.v1.ParameterServer/ReadSlots',
+            cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsRequest.SerializeToString,
+            cluster_dot_transport_dot___pb_dot_ps__pb2.ReadSlotsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster_runtime.v1.ParameterServer/WriteSlots',
+            cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsRequest.SerializeToString,
+            cluster_dot_transport_dot___pb_dot_ps__pb2.WriteSlotsReply.FromString,
             options,
             channel_credentials,
             insecure,
