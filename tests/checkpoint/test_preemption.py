@@ -117,10 +117,10 @@ def test_arguments_are_checked(tmp_path) -> None:
 def _reference(steps: int) -> np.ndarray:
     """The uninterrupted run: the same two replicas in one process."""
     strategy = cluster.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    w, opt = _preempt_train.build(strategy)
+    w, opt, iterator = _preempt_train.build(strategy, steps)
     step = _preempt_train.make_step(w, opt)
     for k in range(steps):
-        strategy.run(step, args=(k,))
+        strategy.run(step, args=(next(iterator), k))
     return w.values[0].numpy()
 
 
@@ -166,3 +166,30 @@ def test_sigterm_on_a_worker_restarts_the_cluster_and_resumes_with_zero_steps_lo
     # clusterctl's fail-fast SIGTERM to the task still exiting is absorbed, not a traceback.
     assert "Traceback" not in text, text
     np.testing.assert_array_equal(np.load(out_file), _reference(steps))
+
+
+def _dataset(n: int) -> list[np.ndarray]:
+    return [np.full((2, 3), i, np.float32) for i in range(n)]
+
+
+def test_a_dataset_iterator_resumes_its_epoch_where_it_stopped(tmp_path) -> None:
+    strategy = cluster.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    iterator = iter(strategy.experimental_distribute_dataset(_dataset(6)))
+    for _ in range(4):
+        next(iterator)
+    path = Checkpoint(data=iterator).write(tmp_path / "c")
+    expected = [[piece.tolist() for piece in batch.values] for batch in iterator]
+    assert [e[0][0][0] for e in expected] == [4.0, 5.0]
+
+    resumed = iter(strategy.experimental_distribute_dataset(_dataset(6)))
+    Checkpoint(data=resumed).read(path)
+    assert resumed.position == 4
+    assert [[piece.tolist() for piece in batch.values] for batch in resumed] == expected
+    assert resumed.position == 6
+
+
+def test_an_iterator_that_cannot_seek_is_refused() -> None:
+    strategy = cluster.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    one_shot = iter(strategy.experimental_distribute_dataset(b for b in _dataset(3)))
+    with pytest.raises(TypeError, match="cannot be restored by position"):
+        Checkpoint(data=one_shot)
