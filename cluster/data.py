@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -149,21 +150,47 @@ class Optional:
 
 
 class DistributedIterator:
-    """Iterates a distributed dataset: each ``next()`` is one step, ``wrap``-ped local values."""
+    """Iterates a distributed dataset: each ``next()`` is one step, ``wrap``-ped local values.
 
-    def __init__(self, steps: Iterator[Any]) -> None:
+    ``position`` counts the steps taken. When the dataset is re-iterable in a deterministic order
+    (``restart(skip)`` is given: :class:`DistributedDataset` gives it), :meth:`seek` starts over
+    and skips to a position, which is how a checkpoint restores an iterator
+    (``cluster.checkpoint`` tracks it by its position).
+    """
+
+    def __init__(self, steps: Iterator[Any],
+                 restart: Callable[[int], Iterator[Any]] | None = None) -> None:
         self._steps = steps
+        self._restart = restart
+        self.position = 0
+
+    @property
+    def seekable(self) -> bool:
+        return self._restart is not None
+
+    def seek(self, position: int) -> None:
+        """Continue at step ``position`` of the epoch (iterating the dataset again from its
+        start, skipping elements without splitting them). ``TypeError`` if not seekable."""
+        if self._restart is None:
+            raise TypeError("this distributed iterator cannot seek: its input is not a "
+                            "re-iterable dataset (use experimental_distribute_dataset)")
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        self._steps = self._restart(position)
+        self.position = position
 
     def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
-        return next(self._steps)
+        value = next(self._steps)
+        self.position += 1
+        return value
 
     def get_next(self) -> Any:
         """The next step's value; :class:`cluster.errors.OutOfRangeError` at the end (as TF)."""
         try:
-            return next(self._steps)
+            return next(self)
         except StopIteration:
             raise OutOfRangeError(
                 "End of sequence: the distributed dataset is exhausted; start a new epoch with "
@@ -173,7 +200,7 @@ class DistributedIterator:
     def get_next_as_optional(self) -> Optional:
         """The next step's value as an ``Optional``, empty at the end instead of raising."""
         try:
-            return Optional(next(self._steps))
+            return Optional(next(self))
         except StopIteration:
             return Optional.empty()
 
@@ -243,10 +270,15 @@ class DistributedDataset:
         self._wrap = wrap if wrap is not None else _identity
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._steps())
+        # A one-shot iterator (a generator) cannot be iterated again: not seekable.
+        restartable = not isinstance(self._dataset, Iterator)
+        return DistributedIterator(self._steps(), restart=self._steps if restartable else None)
 
-    def _steps(self) -> Iterator[Any]:
-        for index, batch in enumerate(self._dataset):
+    def _steps(self, skip: int = 0) -> Iterator[Any]:
+        elements = iter(self._dataset)
+        for _ in itertools.islice(elements, skip):  # skipped elements are not split
+            pass
+        for index, batch in enumerate(elements, start=skip):
             if self._num_replicas == 1:
                 yield self._wrap([batch])
                 continue

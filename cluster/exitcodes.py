@@ -14,6 +14,7 @@ name                        code   meaning
 ``EXIT_PEER_FAILED``        201    stopped because another task failed (retryable)
 ``EXIT_PEERS_NOT_READY``    202    peers never came up before the start-up deadline (retryable)
 ``EXIT_ADDRESS_IN_USE``     203    could not bind the task's address (retryable)
+``EXIT_PREEMPTED``          204    saved a checkpoint after a preemption notice (retryable)
 128 + N                            killed by signal N, e.g. 137 = SIGKILL, 143 = SIGTERM
 ==========================  =====  ==========================================================
 """
@@ -28,6 +29,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PEERS_NOT_READY",
     "EXIT_PEER_FAILED",
+    "EXIT_PREEMPTED",
     "EXIT_USAGE",
     "describe",
     "is_retryable",
@@ -40,6 +42,7 @@ EXIT_USAGE = 2
 EXIT_PEER_FAILED = 201
 EXIT_PEERS_NOT_READY = 202
 EXIT_ADDRESS_IN_USE = 203
+EXIT_PREEMPTED = 204
 
 _NAMED = {
     EXIT_OK: "succeeded",
@@ -48,6 +51,7 @@ _NAMED = {
     EXIT_PEER_FAILED: "stopped because another task failed",
     EXIT_PEERS_NOT_READY: "peers never came up",
     EXIT_ADDRESS_IN_USE: "address in use",
+    EXIT_PREEMPTED: "preempted: checkpoint saved",
 }
 
 # Codes that say "another task is the root cause", so launchers look elsewhere for it.

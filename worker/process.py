@@ -6,7 +6,10 @@ run the script exactly like ``python SCRIPT ARGS`` (``__main__``, ``sys.argv``, 
 and exit with its code. With no script, serve until a Shutdown RPC, SIGTERM or SIGINT: run the
 functions a ClusterCoordinator on the chief sends (``worker.servicer``).
 
-- SIGTERM unwinds the script (``finally`` blocks run) and exits 143.
+- SIGTERM unwinds the script (``finally`` blocks run) and exits 143; while a
+  ``cluster.checkpoint.PreemptionCheckpointHandler`` is active it only flags a preemption: the
+  tasks save at the next ``run`` call and exit 204 (``EXIT_PREEMPTED``), not reported as a failure
+  to the peers.
 - An uncaught exception prints its traceback, tells every peer (their collectives fail naming
   this task and the exception) and exits 1. A task that stops because of another task's failure
   exits 201 (``cluster.exitcodes``), so launchers name the right root cause.
@@ -231,7 +234,10 @@ def _run_script(rt: runtime.TaskRuntime, command: Command) -> int:
         code = _exit_code(e.code)
         if code != exitcodes.EXIT_OK:
             error = ScriptExited(f"{command.script or command.module} exited with code {code}")
-            rt.report_failure(error, code)
+            # A preempted task's peers agreed on the save and exit by themselves: a failure
+            # report would abort their last collectives and turn their 204 into 201.
+            if code != exitcodes.EXIT_PREEMPTED:
+                rt.report_failure(error, code)
             _record(rt, error, code)
         return code
     except lifecycle.Terminated as e:

@@ -16,8 +16,15 @@ the nest paths. No pickle. Unreadable checkpoints raise
 from __future__ import annotations
 
 from cluster.checkpoint._directory import latest_checkpoint
+from cluster.checkpoint._preemption import PreemptionCheckpointHandler
 from cluster.checkpoint.checkpoint import Checkpoint
 from cluster.checkpoint.manager import CheckpointManager
 from cluster.errors import CheckpointCorruptError
 
-__all__ = ["Checkpoint", "CheckpointCorruptError", "CheckpointManager", "latest_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointManager",
+    "PreemptionCheckpointHandler",
+    "latest_checkpoint",
+]

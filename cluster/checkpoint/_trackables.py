@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
-from cluster.checkpoint import _ps
+from cluster.checkpoint import _iterators, _ps
+from cluster.data import DistributedIterator
 from cluster.metrics import Metric
 from cluster.optimizers import Optimizer
 from cluster.strategies import DistributedVariable
@@ -78,12 +79,15 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(nest, (list, tuple)):
         for i, value in enumerate(nest):
             yield from _walk(value, f"{path}/{i}")
+    elif isinstance(nest, DistributedIterator):
+        _iterators.check_iterator(path, nest)
+        yield path, nest
     elif isinstance(nest, (Variable, Optimizer, Metric)):
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
-                        "cluster.Variable, cluster.optimizers optimizers, cluster.metrics metrics "
-                        "and dicts/lists/tuples of them")
+                        "cluster.Variable, cluster.optimizers optimizers, cluster.metrics metrics, "
+                        "distributed-dataset iterators and dicts/lists/tuples of them")
 
 
 def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -187,6 +191,8 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
                 for slot in slots:
                     entries.append(_slot_entry(f"{path}/slots/{var_paths[var_id]}/{slot}", leaf,
                                                by_id[var_id], slot))
+        elif isinstance(leaf, DistributedIterator):
+            entries.append(Entry(*_iterators.iterator_entry_parts(path, leaf)))
         else:
             for state in leaf._state:
                 entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
@@ -220,6 +226,8 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
                         raise ValueError(
                             f"Checkpoint: restoring would leave optimizer slot {name} as it is "
                             "(the checkpoint has none; it was saved before the first step)")
+        elif isinstance(leaf, DistributedIterator):
+            entries.append(Entry(*_iterators.iterator_entry_parts(path, leaf)))
         else:
             for state in leaf._state:
                 entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
