@@ -11,7 +11,7 @@ or its lock file); without them their rows say "not installed".
 The model: float32 tensors shaped like a GPT-style transformer with d_model 1024 (a 32000 x 1024
 embedding, then per layer qkv 1024 x 3072, out 1024 x 1024, MLP 1024 x 4096 and 4096 x 1024,
 biases and layer norms), layers added until the total reaches ``--size`` (1 GiB: 19 layers,
-about 210 tensors). The values are random (weights do not compress; no format gets a free ride).
+231 tensors). The values are random (weights do not compress; no format gets a free ride).
 
 Rows, each saving the same tensors into a fresh directory of ``--dir`` and restoring them:
 
