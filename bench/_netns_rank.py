@@ -7,12 +7,11 @@ Usage: python -m worker bench/_netns_rank.py SIZES ITERS WARMUP   (SIZES: comma 
 
 import json
 import sys
-import time
 
-import numpy as np
+from _timing import time_all_reduce  # bench/ is on sys.path: this script's directory
 
 import cluster.runtime
-from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp
+from cluster.collectives import CollectiveGroup, CommunicationOptions
 
 sizes = [int(s) for s in sys.argv[1].split(",")]
 iters, warmup = int(sys.argv[2]), int(sys.argv[3])
@@ -21,19 +20,6 @@ group = CollectiveGroup(rt.collective_transport(), "bench",
                         CommunicationOptions(timeout_seconds=120),
                         settings=rt.settings.collectives)
 group.barrier()
-times = {}
-for size in sizes:
-    x = np.ones(size // 4, dtype=np.float32)
-    per_iter = []
-    for i in range(warmup + iters):
-        group.barrier()
-        start = time.perf_counter()
-        out = group.all_reduce(x, ReduceOp.SUM)
-        elapsed = time.perf_counter() - start
-        if i >= warmup:
-            per_iter.append(elapsed)
-    if out.size and float(out.flat[0]) != group.world_size:
-        raise AssertionError(f"{rt.task}: {out.flat[0]} != {group.world_size}")
-    times[size] = per_iter
+times = time_all_reduce(group, sizes, iters, warmup, group.world_size)
 print("TIMES " + json.dumps(times), flush=True)
 print("ROUTES " + json.dumps(group.route_counts, sort_keys=True), flush=True)

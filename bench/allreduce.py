@@ -47,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 
+from bench._timing import time_all_reduce  # noqa: E402
 from cluster.testing import run_group  # noqa: E402
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -77,7 +77,6 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
         CollectiveGroup,
         CommunicationImplementation,
         CommunicationOptions,
-        ReduceOp,
     )
     from cluster.settings import TaskSettings
 
@@ -95,20 +94,7 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
     on_one_host = group.topology is not None and group.topology.single_host
     if on_one_host != (plane == "shm"):
         raise RuntimeError(f"asked for the {plane} path, got topology {group.topology}")
-    times: dict[int, list[float]] = {}
-    for size in sizes:
-        x = np.ones(size // 4, dtype=np.float32)
-        per_iter = []
-        for i in range(warmup + iters):
-            group.barrier()
-            start = time.perf_counter()
-            out = group.all_reduce(x, ReduceOp.SUM)
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                per_iter.append(elapsed)
-        assert out.size == 0 or float(out.flat[0]) == transport.world_size
-        times[size] = per_iter
-    return times
+    return time_all_reduce(group, sizes, iters, warmup, transport.world_size)
 
 
 def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
@@ -145,7 +131,6 @@ def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
         CollectiveGroup,
         CommunicationImplementation,
         CommunicationOptions,
-        ReduceOp,
     )
     from cluster.collectives.options import Algorithm, CollectivePath, CollectiveSettings
     from cluster.transport.inproc import InProcessHub
@@ -161,19 +146,7 @@ def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
 
     def rank_body(rank: int) -> None:
         try:
-            group = groups[rank]
-            for size in sizes:
-                x = np.ones(size // 4, dtype=np.float32)
-                per_rank[rank][size] = []
-                for i in range(warmup + iters):
-                    group.barrier()
-                    start = time.perf_counter()
-                    out = group.all_reduce(x, ReduceOp.SUM)
-                    elapsed = time.perf_counter() - start
-                    if i >= warmup:
-                        per_rank[rank][size].append(elapsed)
-                if out.size and float(out.flat[0]) != n:
-                    raise AssertionError(f"rank {rank}: {out.flat[0]} != {n}")
+            per_rank[rank] = time_all_reduce(groups[rank], sizes, iters, warmup, n)
         except BaseException as error:  # reported below, after every thread ended
             errors.append(error)
             for t in hub.transports:  # the others would wait for us until their deadline

@@ -467,15 +467,13 @@ class TaskRuntime:
             deadline = Deadline.after(self.settings.report_timeout if failed else 2.0)
             if transport is not None:
                 transport.close(deadline)
+            self._coordination.close(leave=self._joined, deadline=deadline)
             if self._service is not None:
-                # The coordinator's task: its own departure first, then what it logged (that
-                # departure included) must reach the others before the service stops.
-                self._coordination.close(leave=self._joined, deadline=deadline)
+                # The coordinator's task: what it logged (its own departure, just reported,
+                # included) must reach the others before the service stops.
                 late = self._service.drain(Deadline.after(self._service.interval * 2))
                 if late:
                     log.info("%s: %s did not hear the last events", self.task, ", ".join(late))
-            else:
-                self._coordination.close(leave=self._joined, deadline=deadline)
             if self._service is not None:
                 self._service.stop()
             self.control.stop()

@@ -191,14 +191,19 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
                 for slot in slots:
                     entries.append(_slot_entry(f"{path}/slots/{var_paths[var_id]}/{slot}", leaf,
                                                by_id[var_id], slot))
-        elif isinstance(leaf, DistributedIterator):
-            entries.append(Entry(*_iterators.iterator_entry_parts(path, leaf)))
         else:
-            for state in leaf._state:
-                entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
-                                               state))
+            entries.extend(_iterator_or_metric_entries(path, leaf))
     entries.extend(Entry(*fields) for fields in _ps.optimizer_save_entries(leaves))
     return entries
+
+
+def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
+    """A dataset iterator's position, or a metric's state variables: the same on save and
+    restore."""
+    if isinstance(leaf, DistributedIterator):
+        return [Entry(*_iterators.iterator_entry_parts(path, leaf))]
+    return [_variable_entry(f"{path}/{_metric_state_name(leaf, state)}", state)
+            for state in leaf._state]
 
 
 def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
@@ -226,12 +231,8 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
                         raise ValueError(
                             f"Checkpoint: restoring would leave optimizer slot {name} as it is "
                             "(the checkpoint has none; it was saved before the first step)")
-        elif isinstance(leaf, DistributedIterator):
-            entries.append(Entry(*_iterators.iterator_entry_parts(path, leaf)))
         else:
-            for state in leaf._state:
-                entries.append(_variable_entry(f"{path}/{_metric_state_name(leaf, state)}",
-                                               state))
+            entries.extend(_iterator_or_metric_entries(path, leaf))
     wanted = {e.name for e in entries}
     missing = sorted(wanted - names)
     extra = sorted(names - wanted - {SAVE_COUNTER})
