@@ -29,6 +29,7 @@ from cluster.task_source import complete_tf_config
 __all__ = [
     "ErrorRecord",
     "Terminated",
+    "absorb_termination",
     "install_termination_handlers",
     "read_error_file",
     "setup_logging",
@@ -66,6 +67,19 @@ def install_termination_handlers(signums: tuple[int, ...] = (signal.SIGTERM,)) -
 
     for signum in signums:
         signal.signal(signum, handler)
+
+
+def absorb_termination(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """From now on, each of ``signums`` is noted in the log, not raised: the task is already
+    shutting down (a path bounded by its own deadlines). The launcher's fail-fast SIGTERM often
+    reaches a task that is exiting on its own; raised out of a ``finally`` it would print a
+    traceback and replace the task's real exit code."""
+
+    def note(signum, frame):
+        log.info("%s during shutdown: already shutting down", signal.Signals(signum).name)
+
+    for signum in signums:
+        signal.signal(signum, note)
 
 
 def setup_logging() -> None:

@@ -79,5 +79,6 @@ def run(argv: list[str]) -> int:
     except lifecycle.Terminated as e:
         print(f"{rt.task}: shutting down ({e})", file=sys.stderr, flush=True)
     finally:
+        lifecycle.absorb_termination()  # already stopping: a second signal must not cut cleanup
         rt.shutdown()
     return exitcodes.EXIT_OK

@@ -144,6 +144,7 @@ def run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     finally:
+        lifecycle.absorb_termination()  # the exit code is decided: a late signal must not undo it
         rt.shutdown()
 
 

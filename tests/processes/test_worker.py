@@ -138,3 +138,27 @@ def test_a_failing_peer_stops_a_task_that_is_not_in_a_collective(start, tmp_path
     assert "PeerFailedError: stopping: worker:1 failed: ValueError: boom from the script" in wout
     assert "finally ran" in wout
     assert time.monotonic() - started < 10
+
+
+# `python -m worker`, with the runtime's shutdown made to receive SIGTERM first: the launcher's
+# fail-fast signal reaching a task that is already exiting on its own.
+_SIGNAL_IN_SHUTDOWN = """
+import os, signal, sys
+from cluster.task_runtime import TaskRuntime
+original = TaskRuntime.shutdown
+def shutdown(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("signalled during shutdown", flush=True)
+    return original(self, *args, **kwargs)
+TaskRuntime.shutdown = shutdown
+from worker.process import run
+sys.exit(run(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_shutdown_keeps_the_exit_code_and_prints_no_traceback(start) -> None:
+    code, out = start(["-c", _SIGNAL_IN_SHUTDOWN, str(SCRIPTS / "behave.py"), "exit", "3"],
+                      one_worker()).finish()
+    assert "signalled during shutdown" in out
+    assert code == 3, out
+    assert "Traceback" not in out, out
