@@ -175,6 +175,11 @@ def test_a_preempted_worker_restarts_the_cluster_which_resumes_bit_for_bit(
     assert result.exit_code == 0, text
     assert result.attempts == 2, text
     assert "exited 204 (preempted: checkpoint saved)" in text, text
+    # clusterctl gave every task timeouts.grace: the save is reported against it.
+    assert re.search(r"\[worker:1\] +preemption notice on this task: saved .* s after the "
+                     r"notice \(of a 30 s grace period\); exiting 204", text), text
+    assert re.search(r"\[chief:0\] +preemption notice on another task: saved .* s after the "
+                     r"agreement \(of a 30 s grace period\)", text), text
     resumed = [m for line in chief_lines(text)
                if (m := re.fullmatch(rf"resumed from {re.escape(str(ckpt))}/ckpt-(\d+) "
                                      r"at epoch (\d) step (\d+)", line))]
