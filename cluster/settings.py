@@ -31,6 +31,7 @@ __all__ = [
     "ENV_DATA_PLANE",
     "ENV_ERROR_FILE",
     "ENV_FUNCTION_TIMEOUT",
+    "ENV_GRACE_PERIOD",
     "ENV_HEARTBEAT_INTERVAL",
     "ENV_HEARTBEAT_TIMEOUT",
     "ENV_LAUNCHER_PID",
@@ -52,6 +53,7 @@ ENV_STOP_WITH_COORDINATOR = "CLUSTER_STOP_WITH_COORDINATOR"
 ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
 ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
 ENV_RESTART_COUNT = "CLUSTER_RESTART_COUNT"
+ENV_GRACE_PERIOD = "CLUSTER_GRACE_PERIOD"
 
 DATA_PLANES = ("tcp", "grpc")
 
@@ -75,6 +77,18 @@ def parse_seconds(name: str, text: str) -> float:
     return value
 
 
+def _parse_grace(text: str) -> float:
+    """``CLUSTER_GRACE_PERIOD``: seconds >= 0 (0 is a grace period too: SIGKILL at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):  # also rejects nan
+        raise TaskConfigError(f"{ENV_GRACE_PERIOD}: expected a number of seconds >= 0, "
+                              f"got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class TaskSettings:
     """The settings of one task; defaults are what a task gets with no ``CLUSTER_*`` variable.
@@ -95,6 +109,8 @@ class TaskSettings:
     ``repr``), ``allow_insecure`` is ``CLUSTER_ALLOW_INSECURE=1``; ``launcher_pid`` is the
     launcher a task stops with; ``error_file`` is where a failed task leaves its error record;
     ``restart_count`` is the attempt number the launcher gives (0 on the first);
+    ``grace_period`` is the launcher's time from SIGTERM to SIGKILL (``timeouts.grace``; ``None``
+    when no launcher said), which a preemption save must fit in;
     ``stop_with_coordinator`` (``CLUSTER_STOP_WITH_COORDINATOR=1``) makes a task that only
     serves (a parameter server, a worker of ``mode: coordinator``) exit 0 once the coordinator's
     task (the chief) has finished cleanly, for launchers that do not stop servers themselves
@@ -114,12 +130,15 @@ class TaskSettings:
     launcher_pid: int | None = None
     error_file: str | None = None
     restart_count: int = 0
+    grace_period: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
                      "report_timeout", "function_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.grace_period is not None and not self.grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0 seconds, got {self.grace_period!r}")
         if self.data_plane not in DATA_PLANES:
             raise ValueError(f"data_plane must be one of {', '.join(DATA_PLANES)}, "
                              f"got {self.data_plane!r}")
@@ -168,6 +187,9 @@ class TaskSettings:
         values["error_file"] = env.get(ENV_ERROR_FILE) or None
         count = env.get(ENV_RESTART_COUNT, "").strip()
         values["restart_count"] = int(count) if count.isdigit() else 0
+        grace = env.get(ENV_GRACE_PERIOD, "").strip()
+        if grace:
+            values["grace_period"] = _parse_grace(grace)
         return cls(**values)
 
 
@@ -197,4 +219,6 @@ ENV_VARS = (
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),
     (ENV_ERROR_FILE, "unset", "Set by clusterctl: where a failed task writes its error record."),
     (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),
+    (ENV_GRACE_PERIOD, "unset", "Set by clusterctl and the renders: seconds from SIGTERM to "
+     "SIGKILL (`timeouts.grace`); `PreemptionCheckpointHandler` checks its save against it."),
 )

@@ -32,7 +32,10 @@ exit 204 to the peers as a failure (they are exiting 204 by themselves).
 
 The grace period is the launcher's: the time from SIGTERM to SIGKILL (``timeouts.grace`` in a
 cluster file, ``terminationGracePeriodSeconds`` on Kubernetes, ``--signal``/``KillWait`` on
-Slurm) must cover the rest of the current step plus one save.
+Slurm) must cover the rest of the current step plus one save. ``clusterctl`` and the renders
+pass it to every task as ``CLUSTER_GRACE_PERIOD``; the handler reports how long the notice took
+to become a saved checkpoint against it, and warns when that used more than half of it (the
+next preemption, in a slower step or with a bigger model, may not fit).
 """
 
 from __future__ import annotations
@@ -43,16 +46,19 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+import cluster.runtime
 from cluster import _context, exitcodes
 from cluster.checkpoint import _format
 from cluster.checkpoint.checkpoint import Checkpoint
 from cluster.checkpoint.manager import CheckpointManager
 from cluster.collectives.ops import ReduceOp
+from cluster.settings import TaskSettings
 
 __all__ = ["PreemptionCheckpointHandler"]
 
@@ -75,13 +81,16 @@ class PreemptionCheckpointHandler:
     collective. Construct it in the main thread (signal handlers live there).
 
     ``exit_fn(code)`` ends the process after the save; ``sys.exit`` by default, so ``finally``
-    blocks still run. ``signals``: the notices to catch (SIGTERM).
+    blocks still run. ``signals``: the notices to catch (SIGTERM). ``grace_period``: seconds
+    from the notice to SIGKILL, to check the save against; by default the launcher's
+    (``CLUSTER_GRACE_PERIOD``, set by ``clusterctl`` and the renders), or ``None`` (unknown).
     """
 
     def __init__(self, cluster_resolver: Any, checkpoint_or_manager: Checkpoint | CheckpointManager,
                  checkpoint_dir: str | os.PathLike | None = None, *,
                  signals: tuple[int, ...] = (signal.SIGTERM,),
-                 exit_fn: Callable[[int], Any] = sys.exit) -> None:
+                 exit_fn: Callable[[int], Any] = sys.exit,
+                 grace_period: float | None = None) -> None:
         if isinstance(checkpoint_or_manager, CheckpointManager):
             if checkpoint_dir is not None:
                 raise ValueError("PreemptionCheckpointHandler: checkpoint_dir is only for a "
@@ -99,7 +108,12 @@ class PreemptionCheckpointHandler:
         self._cluster_resolver = cluster_resolver
         self._strategy = self._manager.checkpoint._strategy  # multi-worker, else None
         self._exit_fn = exit_fn
+        if grace_period is not None and not grace_period >= 0:
+            raise ValueError(f"PreemptionCheckpointHandler: grace_period must be >= 0 seconds, "
+                             f"got {grace_period!r}")
+        self._grace_period = _launcher_grace_period() if grace_period is None else grace_period
         self._received = threading.Event()
+        self._noticed_at: float | None = None  # time.monotonic() of the first notice here
         self._signum: int | None = None
         self._previous: dict[int, Any] = {}
         self._run_calls = self._restore()
@@ -115,6 +129,12 @@ class PreemptionCheckpointHandler:
     def total_run_calls(self) -> int:
         """``run`` calls so far, counted across restarts (restored from the checkpoint)."""
         return self._run_calls
+
+    @property
+    def grace_period(self) -> float | None:
+        """Seconds from the notice to SIGKILL that the save is checked against (``None``:
+        unknown)."""
+        return self._grace_period
 
     @property
     def preemption_received(self) -> bool:
@@ -134,6 +154,8 @@ class PreemptionCheckpointHandler:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set a flag: the step in progress (maybe inside a collective) must finish.
+        if self._noticed_at is None:
+            self._noticed_at = time.monotonic()
         self._signum = signum
         self._received.set()
 
@@ -161,11 +183,23 @@ class PreemptionCheckpointHandler:
         return result
 
     def _save_and_exit(self) -> None:
+        # On a task that was not signalled the notice's own time is unknown: count from when
+        # this task learned of it (the agreement), a lower bound.
+        learned = time.monotonic()
         path = self._manager.save(checkpoint_number=self._run_calls)
-        who = "this task" if self._received.is_set() else "another task"
-        print(f"preemption notice on {who}: saved {path} at run call {self._run_calls}; "
+        here = self._noticed_at is not None
+        took = time.monotonic() - (self._noticed_at if here else learned)
+        who = "this task" if here else "another task"
+        print(f"preemption notice on {who}: saved {path} at run call {self._run_calls} "
+              f"{_timing(took, here, self._grace_period)}; "
               f"exiting {exitcodes.describe(exitcodes.EXIT_PREEMPTED)}",
               file=sys.stderr, flush=True)
+        if self._grace_period is not None and took > self._grace_period / 2:
+            log.warning(
+                "preemption save took %.1f s of the %g s grace period (more than half): the "
+                "rest of a step plus a save may not fit next time; raise the grace period "
+                "(timeouts.grace in the cluster file: terminationGracePeriodSeconds on "
+                "Kubernetes, --signal on Slurm) or save less", took, self._grace_period)
         # The notice is answered by this exit. The flag-only handlers stay installed: the
         # launcher's own SIGTERM to tasks still exiting (fail fast) must not interrupt their
         # shutdown and turn a clean 204 into a traceback.
@@ -187,3 +221,18 @@ class PreemptionCheckpointHandler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _timing(took: float, noticed_here: bool, grace: float | None) -> str:
+    """``"3.2 s after the notice (of a 10 s grace period)"``."""
+    since = "the notice" if noticed_here else "the agreement"
+    budget = f"of a {grace:g} s grace period" if grace is not None else "grace period unknown"
+    return f"{took:.1f} s after {since} ({budget})"
+
+
+def _launcher_grace_period() -> float | None:
+    """The grace period the launcher gave this task: its runtime's settings, else the
+    environment's (``CLUSTER_GRACE_PERIOD``), else ``None``."""
+    runtime = cluster.runtime.current()
+    settings = runtime.settings if runtime is not None else TaskSettings.from_env()
+    return settings.grace_period

@@ -40,6 +40,7 @@ from cluster.deadline import Deadline
 from cluster.settings import (
     ENV_CONNECT_TIMEOUT,
     ENV_ERROR_FILE,
+    ENV_GRACE_PERIOD,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_LAUNCHER_PID,
     ENV_RESTART_COUNT,
@@ -141,6 +142,7 @@ class Attempt:
             ENV_RESTART_COUNT: str(self._restarts),
             ENV_CONNECT_TIMEOUT: f"{self.spec.timeouts.startup:g}",
             ENV_HEARTBEAT_TIMEOUT: f"{self.spec.timeouts.heartbeat:g}",
+            ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
         return env

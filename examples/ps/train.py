@@ -10,6 +10,14 @@ math) and pushes them, and the parameter servers apply them. Asynchronous by def
 worker's gradients are applied on arrival, as TF 2 does); ``--sync`` runs rounds of one step per
 worker and applies the mean of their gradients. The chief reads the trained variables back and
 evaluates them on the test split.
+
+``--checkpoint-dir DIR``: the chief restores the newest checkpoint in DIR at start (the
+variables, Adam's state on the parameter servers, and the epoch counter) and saves one after
+every epoch, between steps (after ``coordinator.join()``). With ``restart: {max_restarts: N}`` in
+the cluster file, a parameter server that dies restarts the whole cluster and training resumes
+at the last completed epoch. Each worker's data cannot seek (it comes from
+``distribute_datasets_from_function``): a resumed run reshuffles from the restored epoch on,
+so it sees the same kind of data, not the very batches the interrupted epoch would have.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import numpy as np
 
 import cluster
 import cluster.runtime
+from cluster.checkpoint import Checkpoint, CheckpointManager
 from cluster.coordinator import ClusterCoordinator
 from cluster.ps import MinSizePartitioner
 
@@ -42,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync", action="store_true",
                         help="synchronous rounds: the mean of one step per worker, applied once")
+    parser.add_argument("--checkpoint-dir", type=Path,
+                        help="resume from the newest checkpoint here; save one every epoch")
     return parser.parse_args(argv)
 
 
@@ -83,12 +94,16 @@ def loss_and_grads(params, x, y):
     return float(loss), [g.astype(np.float32) for g in grads], probs.argmax(axis=1)
 
 
-def worker_batches(path: Path, index: int, count: int, batch_size: int, seed: int):
+def worker_batches(path: Path, index: int, count: int, batch_size: int, seed: int,
+                   first_pass: int = 0):
     """Worker ``index`` of ``count``: batches of its shard of the training set, reshuffled on
-    every pass, forever (the coordinator decides how many steps run)."""
+    every pass, forever (the coordinator decides how many steps run). A resumed run starts at
+    pass ``first_pass`` (the epochs done), so it does not replay the first epochs' order: a
+    worker takes about one pass per epoch, but not exactly (asynchronous steps go to whichever
+    worker is free), so the interrupted epoch's very batches cannot be found again."""
     with np.load(path) as data:
         x, y = data["x_train"][index::count], data["y_train"][index::count]
-    for repeat in itertools.count():
+    for repeat in itertools.count(first_pass):
         order = np.random.default_rng([seed, index, repeat]).permutation(len(x))
         for i in range(0, len(x), batch_size):
             yield x[order[i:i + batch_size]], y[order[i:i + batch_size]]
@@ -125,12 +140,26 @@ def main(argv: list[str] | None = None) -> int:
         variables = [cluster.Variable(p, name=n) for p, n in
                      zip(initial_params(rng, sizes), NAMES, strict=True)]
         optimizer = cluster.optimizers.Adam(args.learning_rate)  # applied on the ps tasks
+    epochs_done = cluster.Variable(0, name="epochs_done")  # outside the scope: the chief's own
+
+    # One epoch: as many steps as cover the training set once (a whole number of rounds).
+    steps = math.ceil(math.ceil(len(x_train) / args.batch_size) / num_workers) * num_workers
+    manager = None
+    if args.checkpoint_dir:
+        manager = CheckpointManager(
+            Checkpoint(model=variables, optimizer=optimizer, epochs_done=epochs_done),
+            args.checkpoint_dir, max_to_keep=3)
+        restored = manager.restore_or_initialize()  # the variables go back to the ps tasks
+        if restored:
+            print(f"resumed from {restored} at epoch {int(epochs_done) + 1} "
+                  f"step {int(epochs_done) * steps}", flush=True)
+    first_pass = int(epochs_done)
 
     def dataset_fn():
         # Runs on each worker (again on a worker that restarts): ctx says which shard is its own.
         return strategy.distribute_datasets_from_function(
             lambda ctx: worker_batches(DATA, ctx.input_pipeline_id, ctx.num_input_pipelines,
-                                       args.batch_size, args.seed))
+                                       args.batch_size, args.seed, first_pass))
 
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
@@ -145,21 +174,22 @@ def main(argv: list[str] | None = None) -> int:
 
         return strategy.run(replica_fn, args=(x, y))
 
-    # One epoch: as many steps as cover the training set once (a whole number of rounds).
-    steps = math.ceil(math.ceil(len(x_train) / args.batch_size) / num_workers) * num_workers
     mode = "synchronous" if args.sync else "asynchronous"
     print(f"training on {len(x_train)} digits with ParameterServerStrategy ({mode}): "
           f"{num_workers} workers, {num_ps} parameter servers, batch {args.batch_size} per step, "
           f"{steps} steps per epoch", flush=True)
     print("variables: " + ", ".join(placement(v) for v in variables), flush=True)
     started = time.monotonic()
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(int(epochs_done) + 1, args.epochs + 1):
         results = [coordinator.schedule(step_fn, args=(per_worker_iterator,))
                    for _ in range(steps)]
         coordinator.join()
         losses, correct, seen = zip(*(r.fetch() for r in results), strict=True)
         print(f"epoch {epoch}/{args.epochs}  loss {np.mean(losses):.4f}  "
               f"accuracy {sum(correct) / sum(seen):.4f}", flush=True)
+        epochs_done.assign(epoch)
+        if manager:  # between steps: every scheduled step has been applied
+            print(f"saved {manager.save(checkpoint_number=epoch * steps)}", flush=True)
 
     params = [v.numpy() for v in variables]  # read back from the parameter servers
     _, probs = forward(params, x_test)

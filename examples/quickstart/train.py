@@ -7,11 +7,18 @@ Run it on a chief and two workers with
 same model the same way; every layout computes the same parameters as one process on the same
 global batch. The model is plain NumPy with hand-written gradients: bring your own math (or a
 framework's gradients) and let the strategy do the distribution.
+
+``--checkpoint-dir DIR`` makes the run resumable: it restores the newest checkpoint in DIR at
+start (parameters, Adam's state, the metrics, the epoch and the position in the epoch's data),
+saves at the end of every epoch (or every ``--checkpoint-every`` steps), and on SIGTERM (a
+preemption notice) saves at the next step and exits 204, which ``clusterctl`` restarts. A resumed
+run ends with the same parameters, bit for bit, as one that was never interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -21,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 import cluster
+from cluster.checkpoint import Checkpoint, CheckpointManager, PreemptionCheckpointHandler
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=2,
                         help="CPU replicas for mirrored/central_storage")
     parser.add_argument("--save", type=Path, help="the chief writes the final parameters here")
+    parser.add_argument("--checkpoint-dir", type=Path,
+                        help="resume from the newest checkpoint here, save checkpoints here")
+    parser.add_argument("--checkpoint-every", type=int, metavar="STEPS",
+                        help="save every STEPS steps (default: at the end of every epoch)")
     return parser.parse_args(argv)
 
 
@@ -95,6 +107,28 @@ def epoch_batches(x, y, batch_size: int, seed: int, epoch: int):
             for i in range(0, len(x), batch_size)]
 
 
+class TrainingSet:
+    """The training set in global batches, reshuffled every epoch: iterating it yields the
+    batches of the current epoch (``epochs_done`` + 1; ``epochs_done`` is a variable the
+    checkpoint holds). Every pass over one epoch yields the same batches, on every worker, so
+    a checkpointed iterator restores by skipping the batches it had taken."""
+
+    def __init__(self, x, y, batch_size: int, seed: int, epochs_done) -> None:
+        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
+        self.epochs_done = epochs_done
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.x) / self.batch_size)
+
+    def __iter__(self):
+        epoch = int(self.epochs_done) + 1
+        return iter(epoch_batches(self.x, self.y, self.batch_size, self.seed, epoch))
+
+    def rows(self, step: int) -> float:
+        """The size of global batch ``step`` of an epoch (the last one may be smaller)."""
+        return float(min(self.batch_size, len(self.x) - step * self.batch_size))
+
+
 def is_chief(strategy) -> bool:
     resolver = strategy.cluster_resolver
     if resolver is None or not resolver.cluster_spec().as_dict():
@@ -102,6 +136,12 @@ def is_chief(strategy) -> bool:
     if resolver.task_type == "chief":
         return True
     return "chief" not in resolver.cluster_spec().jobs and resolver.task_id == 0
+
+
+def save(manager: CheckpointManager, step: int, chief: bool) -> None:
+    path = manager.save(checkpoint_number=step)  # every task calls it; the chief writes
+    if chief:
+        print(f"saved {path}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,35 +160,67 @@ def main(argv: list[str] | None = None) -> int:
         optimizer = cluster.optimizers.Adam(args.learning_rate)
         accuracy = cluster.metrics.Accuracy()
         mean_loss = cluster.metrics.Sum()
+        epochs_done = cluster.Variable(0, name="epochs_done", trainable=False)
 
-    def train_step(x, y, global_batch):
+    def replica_step(x, y, global_batch):
         params = [v.value() for v in variables]
         loss, grads, predicted = loss_and_grads(params, x, y, global_batch)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
         accuracy.update_state(y, predicted)
         mean_loss.update_state(loss)
 
+    training_set = TrainingSet(x_train, y_train, args.batch_size, args.seed, epochs_done)
+    iterator = iter(strategy.experimental_distribute_dataset(training_set))
+
+    def train_step():
+        rows = training_set.rows(iterator.position)
+        x, y = next(iterator)
+        strategy.run(replica_step, args=(x, y, rows))
+
+    manager = handler = None
+    if args.checkpoint_dir:
+        # Every task makes the same objects and calls save; the chief writes (a shared directory).
+        checkpoint = Checkpoint(model=variables, optimizer=optimizer,
+                                metrics=[accuracy, mean_loss], epochs_done=epochs_done,
+                                data=iterator)
+        manager = CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=3)
+        # Restores the newest checkpoint, if any; from now on SIGTERM saves and exits 204.
+        handler = PreemptionCheckpointHandler(strategy.cluster_resolver, manager)
+        if chief and manager.latest_checkpoint:
+            print(f"resumed from {manager.latest_checkpoint} at epoch {int(epochs_done) + 1} "
+                  f"step {handler.total_run_calls}", flush=True)
+    run = handler.run if handler else (lambda step: step())
+
     if chief:
         print(f"training on {len(x_train)} digits with {type(strategy).__name__}, "
               f"{strategy.num_replicas_in_sync} replica(s) in sync, global batch "
               f"{args.batch_size}", flush=True)
     started = time.monotonic()
-    for epoch in range(1, args.epochs + 1):
-        batches = epoch_batches(x_train, y_train, args.batch_size, args.seed, epoch)
-        sizes_iter = iter([float(len(b[1])) for b in batches])
-        accuracy.reset_state()
-        mean_loss.reset_state()
-        bar = tqdm(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", disable=not chief,
-                   file=sys.stdout, ncols=80, mininterval=0.5)
-        for x, y in strategy.experimental_distribute_dataset(batches):
-            strategy.run(train_step, args=(x, y, next(sizes_iter)))
+    while int(epochs_done) < args.epochs:
+        epoch = int(epochs_done) + 1
+        bar = tqdm(total=len(training_set), initial=iterator.position,
+                   desc=f"epoch {epoch}/{args.epochs}", disable=not chief, file=sys.stdout,
+                   ncols=80, mininterval=0.5)
+        while iterator.position < len(training_set):  # a resumed epoch starts mid-way
+            run(train_step)  # on a preemption notice: saves here and exits 204
             bar.update(1)
+            if handler and args.checkpoint_every \
+                    and handler.total_run_calls % args.checkpoint_every == 0:
+                save(manager, handler.total_run_calls, chief)
         bar.close()
         # result() sums every replica of every worker: all tasks call it.
-        loss = float(mean_loss.result()) / len(batches)
+        loss = float(mean_loss.result()) / len(training_set)
         acc = float(accuracy.result())
         if chief:
             print(f"epoch {epoch}/{args.epochs}  loss {loss:.4f}  accuracy {acc:.4f}", flush=True)
+        epochs_done.assign_add(1)
+        iterator.seek(0)  # the next epoch's batches, from its first
+        accuracy.reset_state()
+        mean_loss.reset_state()
+        if handler and not args.checkpoint_every:
+            save(manager, handler.total_run_calls, chief)
+    if handler:  # not in a `finally`: after a preemption save it stays until the process exits
+        handler.close()
 
     params = [v.numpy() for v in variables]
     _, probs = forward(params, x_test)

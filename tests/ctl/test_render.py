@@ -139,9 +139,11 @@ def test_k8s_objects_follow_the_pod_contract() -> None:
         serves = ["CLUSTER_STOP_WITH_COORDINATOR"] if name in ("ps", "worker") else []
         assert [e["name"] for e in env] == ["TF_CONFIG", "CLUSTER_TASK_TYPE", *serves,
                                             "CLUSTER_TOKEN", "CLUSTER_CONNECT_TIMEOUT",
-                                            "CLUSTER_HEARTBEAT_TIMEOUT", "OMP_NUM_THREADS"]
+                                            "CLUSTER_HEARTBEAT_TIMEOUT", "CLUSTER_GRACE_PERIOD",
+                                            "OMP_NUM_THREADS"]
         assert env[1]["value"] == name
-        assert [e.get("value") for e in env[-3:]] == ["60", "3", "1"]
+        # timeouts.grace reaches the tasks as the pod's terminationGracePeriodSeconds
+        assert [e.get("value") for e in env[-4:]] == ["60", "3", "10", "1"]
         assert all(e["value"] == "1" for e in env if e["name"] == "CLUSTER_STOP_WITH_COORDINATOR")
 
 

@@ -38,6 +38,7 @@ def test_collective_file_is_one_srun_command_with_every_sbatch_line():
     sbatch = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=quickstart", "#SBATCH --nodes=2",
                       "#SBATCH --ntasks=3", "#SBATCH --partition=gpu", "#SBATCH --time=1:00:00",
+                      "#SBATCH --signal=TERM@10",  # timeouts.grace before the time limit
                       "#SBATCH --output=quickstart-%j.out"]
     assert "set -euo pipefail" in script
     assert "export CLUSTER_SLURM_JOBS=chief:1,worker:2\n" in script

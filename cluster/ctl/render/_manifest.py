@@ -16,9 +16,14 @@ from typing import Any
 
 import yaml
 
-from cluster.ctl.render.api import RenderError
+from cluster.ctl.render.api import RenderError, grace_seconds
 from cluster.ctl.spec import ClusterFile
-from cluster.settings import ENV_CONNECT_TIMEOUT, ENV_HEARTBEAT_TIMEOUT, ENV_TOKEN
+from cluster.settings import (
+    ENV_CONNECT_TIMEOUT,
+    ENV_GRACE_PERIOD,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_TOKEN,
+)
 
 __all__ = [
     "CODE_DIR",
@@ -113,12 +118,14 @@ def command(spec: ClusterFile, job: str) -> list[str]:
 def runtime_env(spec: ClusterFile) -> list[dict[str, Any]]:
     """The environment after ``TF_CONFIG`` (and ``CLUSTER_TASK_TYPE``), in this order: the
     token from the run's Secret (never a literal), the timeouts ``clusterctl launch`` passes
-    (``timeouts.startup``, ``timeouts.heartbeat``), then the file's ``env:``."""
+    (``timeouts.startup``, ``timeouts.heartbeat``, and the grace period as the pods get it,
+    :func:`grace_seconds`), then the file's ``env:``."""
     env: list[dict[str, Any]] = [
         {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": token_secret(spec), "key": TOKEN_KEY}}},
         {"name": ENV_CONNECT_TIMEOUT, "value": f"{spec.timeouts.startup:g}"},
         {"name": ENV_HEARTBEAT_TIMEOUT, "value": f"{spec.timeouts.heartbeat:g}"},
+        {"name": ENV_GRACE_PERIOD, "value": str(grace_seconds(spec))},
     ]
     env += [{"name": name, "value": value} for name, value in spec.env.items()]
     return env
@@ -142,12 +149,6 @@ def active_deadline(spec: ClusterFile) -> int | None:
         return None
     total = spec.timeouts.run * (spec.restart.max_restarts + 1)
     return max(1, int(-(-total // 1)))  # whole seconds, rounded up
-
-
-def grace_seconds(spec: ClusterFile) -> int:
-    """``terminationGracePeriodSeconds``: ``timeouts.grace``, SIGTERM to SIGKILL as under
-    clusterctl (Kubernetes' default would be 30 s), in whole seconds rounded up."""
-    return int(-(-spec.timeouts.grace // 1))
 
 
 class _Dumper(yaml.SafeDumper):

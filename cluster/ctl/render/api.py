@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_IMAGE", "DEFAULT_NAMESPACE", "RenderError", "RenderOptions"]
+from cluster.ctl.spec import ClusterFile
+
+__all__ = ["DEFAULT_IMAGE", "DEFAULT_NAMESPACE", "RenderError", "RenderOptions", "grace_seconds"]
 
 # A placeholder, documented in the README and deploy/Dockerfile: the image users build and push.
 DEFAULT_IMAGE = "cluster-runtime:latest"
@@ -18,6 +20,13 @@ DEFAULT_NAMESPACE = "default"
 class RenderError(ValueError):
     """The cluster file cannot be rendered in the format asked for (a bad combination of
     options, or a file the format cannot express). The CLI prints it and exits 2."""
+
+
+def grace_seconds(spec: ClusterFile) -> int:
+    """``timeouts.grace`` (SIGTERM to SIGKILL) in whole seconds, rounded up: what every format
+    gives the tasks (``terminationGracePeriodSeconds``, ``#SBATCH --signal=TERM@``,
+    ``CLUSTER_GRACE_PERIOD``), as ``clusterctl launch`` does."""
+    return int(-(-spec.timeouts.grace // 1))
 
 
 @dataclass(frozen=True)

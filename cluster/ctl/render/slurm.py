@@ -29,6 +29,15 @@ them on one host:
   ``srun --wait=GRACE`` kills whatever is left ``timeouts.grace`` seconds after the first exit.
   Workers that die are not restarted under Slurm: the run fails.
 
+- Grace period: ``#SBATCH --signal=TERM@GRACE`` (``timeouts.grace``, rounded up) sends the
+  tasks SIGTERM that long before the time limit, the notice a
+  :class:`~cluster.checkpoint.PreemptionCheckpointHandler` saves on; at the limit itself Slurm
+  sends SIGTERM again and SIGKILL ``KillWait`` (slurm.conf) later. Not ``B:``: that would
+  signal the batch shell only, which waits on srun and would not pass it on. ``scancel`` and
+  preemption (``GraceTime`` of the partition) give ``KillWait``/``GraceTime``: cluster settings
+  a job cannot change, so the script prints a warning when ``KillWait`` is shorter than the
+  grace. Tasks get ``CLUSTER_GRACE_PERIOD``.
+
 Not rendered: ``restart`` (Slurm's ``--requeue`` is the tool there), ``host``, and the addresses
 of jobs given as lists (Slurm's allocation decides the hosts; only the counts are used).
 """
@@ -40,9 +49,9 @@ import sys
 from pathlib import Path
 
 from cluster.ctl.policy import COORDINATOR
-from cluster.ctl.render.api import RenderError, RenderOptions
+from cluster.ctl.render.api import RenderError, RenderOptions, grace_seconds
 from cluster.ctl.spec import ClusterFile
-from cluster.settings import ENV_STOP_WITH_COORDINATOR
+from cluster.settings import ENV_GRACE_PERIOD, ENV_STOP_WITH_COORDINATOR
 from cluster.task_source import ENV_SLURM_JOBS, ENV_SLURM_PORT_BASE
 
 __all__ = ["PORT_RANGE", "SlurmRenderError", "rank_order", "render", "render_slurm"]
@@ -76,6 +85,17 @@ _PREFIX_AWK = ('BEGIN { n = split(tasks, t, " ") } '
                'match($0, /^ *[0-9]+: /) { r = substr($0, 1, RLENGTH - 2) + 0; '
                'if (r < n) { print "[" t[r + 1] "] " substr($0, RLENGTH + 1); fflush(); next } } '
                '{ print; fflush() }')
+
+
+# Warns when slurm.conf's KillWait (SIGTERM to SIGKILL on scancel and at the time limit) is
+# shorter than the grace period; `scontrol show config` prints "KillWait = 30 sec".
+_KILL_WAIT_CHECK = (
+    'kill_wait="$(scontrol show config 2>/dev/null | awk \'$1 == "KillWait" {{print $3}}\' '
+    '|| true)"\n'
+    'if [ -n "$kill_wait" ] && [ "$kill_wait" -lt {grace} ] 2>/dev/null; then\n'
+    '  echo "[slurm] warning: KillWait is ${{kill_wait}} s, less than timeouts.grace ({grace} s):'
+    ' a task saving on SIGTERM may be killed first" >&2\n'
+    'fi')
 
 
 class SlurmRenderError(RenderError):
@@ -153,6 +173,9 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit is not None:
         lines.append(f"#SBATCH --time={time_limit}")
+    grace = grace_seconds(spec)
+    if grace > 0:  # the preemption notice before the time limit: see the module docstring
+        lines.append(f"#SBATCH --signal=TERM@{grace}")
     lines += [
         f"#SBATCH --output={spec.name}-%j.out",
         "set -euo pipefail",
@@ -169,7 +192,12 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "export CLUSTER_TOKEN",
         f"export CLUSTER_CONNECT_TIMEOUT={spec.timeouts.startup:g} "
         f"CLUSTER_HEARTBEAT_TIMEOUT={spec.timeouts.heartbeat:g} PYTHONUNBUFFERED=1",
+        "# SIGTERM to SIGKILL (timeouts.grace): --signal above before the time limit; scancel and",
+        "# preemption use the cluster's KillWait / GraceTime, which this job cannot change.",
+        f"export {ENV_GRACE_PERIOD}={grace}",
     ]
+    if grace > 0:
+        lines.append(_KILL_WAIT_CHECK.format(grace=grace))
     if (_REPO_ROOT / "worker" / "__init__.py").exists():  # a source checkout, as clusterctl does
         lines.append(f'export PYTHONPATH={q(str(_REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     if spec.env:
