@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, os.fspath(Path(__file__).parent))
 import _launching  # noqa: E402
-#PS
+import _resume_ps_train  # noqa: E402 - the chief's script, imported for the reference
 import _resume_train  # noqa: E402 - the script clusterctl runs, imported for the reference
 
 pytestmark = [pytest.mark.multiprocess]
@@ -59,3 +59,49 @@ def test_mwms_worker_killed_resumes_from_the_last_checkpoint_bit_for_bit(
         np.testing.assert_array_equal(np.load(out_dir / f"{task}.npy"), reference)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["checkpoint", "ckpt-40", "ckpt-50",
                                                      "ckpt-60"]
+
+
+def _launch_ps(tmp_path: Path, marker: str, optimizer: str, kill: str,
+               max_restarts: int) -> tuple[object, str, Path]:
+    out = tmp_path / "final.npy"
+    path = _launching.write_cluster_file(
+        tmp_path, marker, HERE / "_resume_ps_train.py",
+        ["--dir", tmp_path / "ckpt", "--out", out, "--steps", STEPS,
+         "--save-every", SAVE_EVERY, "--optimizer", optimizer, "--kill", kill,
+         "--kill-at", KILL_AT, "--flag", tmp_path / "killed-once"],
+        jobs="{chief: 1, worker: 2, ps: 2}",
+        extra=("mode: coordinator\n"
+               f"restart: {{max_restarts: {max_restarts}, policy: exit-code}}\n"))
+    result, text = _launching.launch(path)
+    return result, text, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_ps_killed_restarts_the_cluster_which_resumes_bit_for_bit(
+        tmp_path, marker, optimizer) -> None:
+    result, text, out = _launch_ps(tmp_path, marker, optimizer, "ps", max_restarts=1)
+    assert result.exit_code == 0, text
+    assert result.attempts == 2, text
+    assert "ps:0 exited 137 (SIGKILL)" in text and "restarting the cluster" in text, text
+    chief = _launching.lines_of(text, "chief:0")
+    assert any(line.startswith("killed ps:0") for line in chief), chief
+    assert [line for line in chief if line.startswith("resumed at")] == [
+        "resumed at 0", "resumed at 20"], chief
+    assert _launching.step_counts(chief) == _expected_counts(), chief
+    np.testing.assert_array_equal(np.load(out), _resume_ps_train.reference(STEPS, optimizer))
+
+
+@pytest.mark.timeout(300)
+def test_ps_worker_killed_is_restarted_alone_and_the_run_stays_bit_exact(tmp_path,
+                                                                         marker) -> None:
+    result, text, out = _launch_ps(tmp_path, marker, "adam", "worker", max_restarts=0)
+    assert result.exit_code == 0, text
+    assert result.attempts == 1, text
+    assert (tmp_path / "killed-once").exists()
+    assert "exited 137 (SIGKILL): killed by SIGKILL; restarting it" in text, text
+    assert sum(t.restarts for t in result.tasks) == 1, result.tasks
+    chief = _launching.lines_of(text, "chief:0")
+    assert [line for line in chief if line.startswith("resumed at")] == ["resumed at 0"], chief
+    assert _launching.step_counts(chief) == {k: 1 for k in range(STEPS)}, chief
+    np.testing.assert_array_equal(np.load(out), _resume_ps_train.reference(STEPS, "adam"))
