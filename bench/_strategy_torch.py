@@ -14,25 +14,30 @@ Cases, on the same shapes as ours (:mod:`bench._strategy_task`):
   (of the medians) is DDP's all-reduce time as a user feels it: the part of the step that
   communication adds. Gradients are reset to ``None`` before each forward, both ways.
 
-Every iteration's time is each rank's ``perf_counter`` around the call; the harness takes the
-slowest rank per iteration. One thread per process (``torch.set_num_threads(1)``), as ours.
+Run as ``python bench/_strategy_torch.py RANK N PORT CONFIG_JSON``, a rank prints its times as
+one ``TORCH_BENCH {json}`` line. Every iteration's time is each rank's ``perf_counter`` around
+the call; the harness takes the slowest rank per iteration. One thread per process
+(``torch.set_num_threads(1)``), as ours.
 torch is a benchmark-only dependency (never a runtime one): without it :func:`bench_torch`
 returns ``None``.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
+import json
 import sys
 import time
-from multiprocessing.connection import wait
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._model_shapes import MODELS  # noqa: E402
+from cluster.ctl.ports import pick_free_ports  # noqa: E402
+from cluster.deadline import Deadline  # noqa: E402
+from cluster.testing import TaskProcessError, TaskProcesses  # noqa: E402
 
 __all__ = ["TorchBenchError", "bench_torch", "torch_version"]
+
+_LINE = "TORCH_BENCH "  # a rank's result line: the protocol with bench_torch
 
 
 class TorchBenchError(RuntimeError):
@@ -115,26 +120,23 @@ def _model_cases(dist, torch, model: str, iters: int, warmup: int) -> dict[str, 
     return out
 
 
-def _rank(rank: int, n: int, port: int, sizes: list[int], models: list[str], iters: int,
-          warmup: int, model_iters: int, model_warmup: int, conn) -> None:
+def _rank(rank: int, n: int, port: int, config: dict) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
 
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n)
-        times: dict[str, list[float]] = {}
-        for size in sizes:
-            times[f"all_reduce:{size}"] = _all_reduce_case(dist, torch, size, iters, warmup)
-        for model in models:
-            times.update(_model_cases(dist, torch, model, model_iters, model_warmup))
-        dist.barrier()
-        dist.destroy_process_group()
-        conn.send(("ok", times))
-    except BaseException as error:  # reported to the harness, which names the rank
-        conn.send(("error", f"{type(error).__name__}: {error}"))
-        raise
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    times: dict[str, list[float]] = {}
+    for size in config["sizes"]:
+        times[f"all_reduce:{size}"] = _all_reduce_case(dist, torch, size, config["iters"],
+                                                       config["warmup"])
+    for model in config["models"]:
+        times.update(_model_cases(dist, torch, model, config["model_iters"],
+                                  config["model_warmup"]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return times
 
 
 def bench_torch(n: int, sizes: list[int], models: list[str], iters: int, warmup: int,
@@ -143,51 +145,37 @@ def bench_torch(n: int, sizes: list[int], models: list[str], iters: int, warmup:
     """Per rank, ``{case: [seconds per timed iteration]}`` of N gloo processes on loopback (see
     the module docstring for the cases); ``None`` without torch.
 
+    The ranks are fresh ``python bench/_strategy_torch.py`` processes (spawn semantics, reaped
+    however this ends, no multiprocessing helper process left behind), each printing one
+    ``TORCH_BENCH {json}`` line.
+
     Raises:
-        TorchBenchError: a rank failed or exited, or not every rank reported within
-            ``timeout`` s (every process is killed and reaped first).
+        TorchBenchError: a rank exited non-zero or without a result, or not every rank was done
+            within ``timeout`` s (every process is killed and reaped first).
     """
     if torch_version() is None:
         return None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
-    procs = [ctx.Process(target=_rank, args=(r, n, port, sizes, models, iters, warmup,
-                                             model_iters, model_warmup, pipes[r][1]),
-                         name=f"gloo rank {r}")
-             for r in range(n)]
-    deadline = time.monotonic() + timeout
-    results: dict[int, dict[str, list[float]]] = {}
-    try:
-        for p in procs:
-            p.start()
-        for _, sender in pipes:
-            sender.close()  # the children hold their own copy: EOF once a child is gone
-        pending = {pipes[r][0]: r for r in range(n)}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TorchBenchError(f"gloo N={n}: ranks {sorted(pending.values())} did not "
-                                      f"report within {timeout} s")
-            for conn in wait(list(pending), remaining):
-                rank = pending.pop(conn)
-                try:
-                    status, value = conn.recv()
-                except EOFError:
-                    raise TorchBenchError(f"gloo N={n}: rank {rank} exited without a result "
-                                          f"(exit code {procs[rank].exitcode})") from None
-                if status != "ok":
-                    raise TorchBenchError(f"gloo N={n}: rank {rank} failed: {value}")
-                results[rank] = value
-    finally:
-        for p in procs:
-            if p.pid is not None:
-                p.join(max(0.0, min(30.0, deadline - time.monotonic())))
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        for receiver, _ in pipes:
-            receiver.close()
-    return [results[r] for r in range(n)]
+    (port,) = pick_free_ports("127.0.0.1", 1)
+    config = json.dumps({"sizes": sizes, "models": models, "iters": iters, "warmup": warmup,
+                         "model_iters": model_iters, "model_warmup": model_warmup})
+    deadline = Deadline.after(timeout)
+    results = []
+    with TaskProcesses() as ranks:
+        started = [ranks.python(__file__, str(r), str(n), str(port), config, name=f"gloo rank {r}")
+                   for r in range(n)]
+        for rank in started:
+            try:
+                code, output = rank.finish(deadline.remaining())
+            except TaskProcessError as error:
+                raise TorchBenchError(f"gloo N={n}: {error}") from error
+            found = [line for line in output.splitlines() if line.startswith(_LINE)]
+            if code != 0 or not found:
+                raise TorchBenchError(f"gloo N={n}: {rank.name} exited {code} without a "
+                                      f"result:\n{output[-3000:]}")
+            results.append(json.loads(found[-1][len(_LINE):]))
+    return results
+
+
+if __name__ == "__main__":
+    _times = _rank(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]))
+    print(_LINE + json.dumps(_times), flush=True)
