@@ -199,8 +199,11 @@ def format_row(row: dict) -> str:
 
 
 def print_profile(stats_file: Path, top: int = 15) -> None:
-    print(f"\ncProfile of rank 0's ctx.all_reduce (one call, top {top} by cumulative time):\n")
-    pstats.Stats(str(stats_file), stream=sys.stdout).sort_stats("cumulative").print_stats(top)
+    """Rank 0's profile of one ``ctx.all_reduce``: by cumulative time (the call chain), then by
+    own time (where the cycles go)."""
+    for order in ("cumulative", "tottime"):
+        print(f"\ncProfile of rank 0's ctx.all_reduce (one call), top {top} by {order}:\n")
+        pstats.Stats(str(stats_file), stream=sys.stdout).sort_stats(order).print_stats(top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows:
                 if row["path"] == path:
                     print(format_row(row))
+        # The machine's load moves during a run (other work, our own launches): both ends.
+        print("\nload average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         if profile is not None and profile.exists():
             print_profile(profile)
     if args.json:
