@@ -1,0 +1,287 @@
+"""The public API as users feel it: ``strategy.run`` all-reduce and ``apply_gradients`` beside
+torch.distributed gloo and DDP, one run.
+
+    uv run python bench/strategy.py                        # N = 2, 4; both paths; all cases
+    uv run python bench/strategy.py --nprocs 2 --sizes 64M --models "" --paths shm
+    uv run python bench/strategy.py --profile              # + cProfile of one ctx.all_reduce
+    uv run python bench/strategy.py --json out.json        # + the rows for machines
+
+Ours: for each N and path, N fresh ``python -m worker bench/_strategy_task.py`` tasks
+(``worker:0`` .. ``worker:N-1`` on loopback, each with its ``TF_CONFIG`` and a cluster token, as
+clusterctl starts them) under ``cluster.MultiWorkerMirroredStrategy``. Paths: ``shm`` (the
+default, ``CLUSTER_COLLECTIVE_PATH=auto``: co-located tasks reduce through shared memory) and
+``network`` (``CLUSTER_COLLECTIVE_PATH=network``: the network algorithms on the TCP data plane).
+Cases (see :mod:`bench._strategy_task`):
+
+- ``all_reduce SIZE``: ``strategy.run(lambda: get_replica_context().all_reduce(SUM, x))``;
+  beside it gloo's ``dist.all_reduce`` of the same bytes.
+- ``apply_gradients MODEL``: one ``strategy.run(lambda: opt.apply_gradients(...))`` step (SGD)
+  over the parameter shapes of ResNet-50 or BERT-base (:mod:`bench._model_shapes`); beside it
+  DDP's all-reduce time for the same parameters: DDP (gloo) ``loss.backward()`` minus the same
+  backward without DDP (:mod:`bench._strategy_torch` explains the choice). Both backward times
+  are shown too.
+
+gloo runs once per N (it has no path) and stands beside both tables. Every iteration starts
+after a barrier; its time is the slowest rank's; tables show medians over ``--iters`` (all-reduce)
+or ``--model-iters`` (model steps) iterations after the warm-up ones. ``x gloo`` = gloo's (DDP's)
+time / ours: above 1 we are faster. busbw = bytes / time * 2(N-1)/N (nccl-tests' convention;
+for a model, bytes = all its float32 gradients). ``target`` is issue 18's goal for the row, as
+an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce time reads ``>= 2.0x``).
+
+torch is a benchmark extra, never a runtime dependency: ``uv pip install torch==2.13.0`` (or a
+local wheel) into the environment; without it (or with ``--no-torch``) the gloo columns say
+"not installed" ("skipped").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench._model_shapes import MODELS, parameter_count  # noqa: E402
+from bench._strategy_torch import bench_torch, torch_version  # noqa: E402
+from bench.allreduce import busbw, fmt_size, parse_size  # noqa: E402
+from cluster.testing import (  # noqa: E402
+    TaskProcessError,
+    TaskProcesses,
+    loopback_cluster,
+    tf_config,
+)
+
+__all__ = ["BenchError", "bench_ours", "main", "target"]
+
+TASK = Path(__file__).resolve().parent / "_strategy_task.py"
+PATHS = {"shm": "auto", "network": "network"}  # our path -> CLUSTER_COLLECTIVE_PATH
+LINE = "STRATEGY_BENCH "
+
+
+class BenchError(RuntimeError):
+    """Our tasks of one (N, path) launch failed or did not finish; names them and the output."""
+
+
+def target(path: str, n: int, case: str) -> float | None:
+    """Issue 18's goal for a row as the ``x gloo`` to reach, or ``None`` where it sets none."""
+    kind, _, what = case.partition(":")
+    if kind == "apply_gradients":
+        return 2.0 if path == "shm" else 1.0  # step <= 0.5x (1.0x) DDP's all-reduce time
+    if kind == "all_reduce" and int(what) == 64 << 20:
+        if path == "shm":
+            return 2.5 if n in (2, 4) else None
+        return {2: 1.2, 4: 1.0}.get(n)
+    return None
+
+
+def case_bytes(case: str) -> int:
+    kind, _, what = case.partition(":")
+    return int(what) if kind == "all_reduce" else 4 * parameter_count(MODELS[what]())
+
+
+def case_name(case: str) -> str:
+    kind, _, what = case.partition(":")
+    return f"all_reduce {fmt_size(int(what))}" if kind == "all_reduce" else f"{kind} {what}"
+
+
+def slowest_median(per_rank: list[dict[str, list[float]]], case: str) -> float:
+    """The median over iterations of the slowest rank's time."""
+    return statistics.median(max(r[case][i] for r in per_rank)
+                             for i in range(len(per_rank[0][case])))
+
+
+# -- ours ------------------------------------------------------------------------------------
+
+
+def bench_ours(n: int, path: str, argv: list[str], timeout: float = 1200.0
+               ) -> list[dict[str, list[float]]]:
+    """Per rank, ``{case: [seconds per timed iteration]}`` of N ``python -m worker`` tasks on
+    ``path`` running ``bench/_strategy_task.py ARGV``.
+
+    Raises:
+        BenchError: a task exited non-zero, printed no result, or was not done within
+            ``timeout`` s (every task is killed and reaped first).
+    """
+    spec = loopback_cluster(worker=n)
+    env = {"CLUSTER_TOKEN": os.urandom(16).hex(), "CLUSTER_COLLECTIVE_PATH": PATHS[path]}
+    results: list[dict[str, list[float]]] = []
+    with TaskProcesses() as tasks:
+        started = [tasks.python("-m", "worker", TASK, *argv, cwd=REPO, env=env,
+                                tf_config=tf_config(spec, "worker", i), name=f"worker:{i}")
+                   for i in range(n)]
+        # One deadline for the launch; a task that fails makes its peers fail soon after
+        # (heartbeats), so waiting in rank order still ends early.
+        for task in started:
+            try:
+                code, output = task.finish(timeout)
+            except TaskProcessError as error:
+                raise BenchError(f"ours ({path}), N={n}: {error}") from error
+            found = [line for line in output.splitlines() if line.startswith(LINE)]
+            if code != 0 or not found:
+                raise BenchError(f"ours ({path}), N={n}: {task.name} exited {code} without a "
+                                 f"result:\n{output[-3000:]}")
+            report = json.loads(found[-1][len(LINE):])
+            if report["path"] != PATHS[path]:
+                raise BenchError(f"ours ({path}), N={n}: {task.name} ran on {report['path']}")
+            results.append(report["times"])
+    return results
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def environment_line() -> str:
+    import numpy
+
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    torch = torch_version() or "not installed"
+    return (f"{os.cpu_count()} cores, load {load}, Python {platform.python_version()}, "
+            f"numpy {numpy.__version__}, torch {torch}, {platform.platform()}")
+
+
+def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
+             theirs: list[dict] | None, gloo_state: str) -> list[dict]:
+    rows = []
+    for case in cases:
+        size = case_bytes(case)
+        row: dict = {"n": n, "path": path, "case": case, "bytes": size, "target": target(
+            path, n, case), "ours_s": None, "gloo_s": None, "ddp_backward_s": None,
+            "local_backward_s": None, "gloo": gloo_state}
+        if ours is not None:
+            row["ours_s"] = slowest_median(ours, case)
+        if theirs is not None:
+            if case.startswith("all_reduce"):
+                row["gloo_s"] = slowest_median(theirs, case)
+            else:
+                model = case.partition(":")[2]
+                row["ddp_backward_s"] = slowest_median(theirs, f"ddp_backward:{model}")
+                row["local_backward_s"] = slowest_median(theirs, f"local_backward:{model}")
+                row["gloo_s"] = max(row["ddp_backward_s"] - row["local_backward_s"], 0.0)
+        for who in ("ours", "gloo"):
+            t = row[f"{who}_s"]
+            row[f"{who}_busbw"] = busbw(size, n, t) if t else None
+        row["x_gloo"] = (row["gloo_s"] / row["ours_s"]
+                         if row["ours_s"] and row["gloo_s"] is not None else None)
+        rows.append(row)
+    return rows
+
+
+HEAD = ("| N | case | ours median (ms) | gloo/DDP median (ms) | x gloo | target | "
+        "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) |")
+
+
+def format_row(row: dict) -> str:
+    def ms(t: float | None, missing: str) -> str:
+        return f"{t * 1e3:.2f}" if t is not None else missing
+
+    def gbs(b: float | None, missing: str) -> str:
+        return f"{b:.2f}" if b is not None else missing
+
+    ours_missing = "failed"
+    gloo_missing = row["gloo"] if row["gloo"] != "ok" else "-"
+    goal = row["target"]
+    met = ("" if row["x_gloo"] is None or goal is None
+           else " (met)" if row["x_gloo"] >= goal else " (not met)")
+    cells = [str(row["n"]), case_name(row["case"]), ms(row["ours_s"], ours_missing),
+             ms(row["gloo_s"], gloo_missing),
+             f"{row['x_gloo']:.2f}x" if row["x_gloo"] is not None else "-",
+             f">= {goal:.1f}x{met}" if goal is not None else "",
+             gbs(row["ours_busbw"], ours_missing), gbs(row["gloo_busbw"], gloo_missing),
+             ms(row["ddp_backward_s"], ""), ms(row["local_backward_s"], "")]
+    return "| " + " | ".join(cells) + " |"
+
+
+def print_profile(stats_file: Path, top: int = 15) -> None:
+    """Rank 0's profile of one ``ctx.all_reduce``: by cumulative time (the call chain), then by
+    own time (where the cycles go)."""
+    for order in ("cumulative", "tottime"):
+        print(f"\ncProfile of rank 0's ctx.all_reduce (one call), top {top} by {order}:\n")
+        pstats.Stats(str(stats_file), stream=sys.stdout).sort_stats(order).print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", default="2,4", help="comma list of process counts")
+    parser.add_argument("--sizes", default="4K,1M,64M", help="all-reduce sizes (comma list)")
+    parser.add_argument("--models", default="resnet50,bert-base",
+                        help=f"apply_gradients cases (comma list of {', '.join(MODELS)}; "
+                             "empty for none)")
+    parser.add_argument("--paths", default="shm,network", help="ours: shm, network (comma list)")
+    parser.add_argument("--iters", type=int, default=10, help="timed all-reduce iterations")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--model-iters", type=int, default=5, help="timed model steps")
+    parser.add_argument("--model-warmup", type=int, default=2)
+    parser.add_argument("--no-torch", action="store_true", help="skip the gloo/DDP columns")
+    parser.add_argument("--profile", action="store_true",
+                        help="print cProfile of one all-reduce of the largest size "
+                             "(first N, first path)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per launch")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    ns = [int(x) for x in args.nprocs.split(",") if x]
+    if not ns or min(ns) < 2:
+        parser.error("--nprocs: every count must be >= 2 (a strategy across tasks)")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if set(models) - set(MODELS):
+        parser.error(f"--models: one of {', '.join(MODELS)}; got {models}")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or set(paths) - set(PATHS):
+        parser.error(f"--paths: shm, network; got {paths}")
+    if min(args.iters, args.model_iters) < 1 or min(args.warmup, args.model_warmup) < 0:
+        parser.error("--iters and --model-iters must be >= 1, the warm-ups >= 0")
+    cases = [f"all_reduce:{s}" for s in sizes] + [f"apply_gradients:{m}" for m in models]
+    task_argv = ["--sizes", ",".join(map(str, sizes)), "--models", ",".join(models),
+                 "--iters", str(args.iters), "--warmup", str(args.warmup),
+                 "--model-iters", str(args.model_iters),
+                 "--model-warmup", str(args.model_warmup)]
+    gloo_state = ("skipped" if args.no_torch
+                  else "ok" if torch_version() is not None else "not installed")
+
+    print(environment_line(), flush=True)
+    rows: list[dict] = []
+    profile = None
+    with tempfile.TemporaryDirectory(prefix="strategy-bench-") as tmp:
+        for n in ns:
+            theirs = None
+            if gloo_state == "ok":
+                theirs = bench_torch(n, sizes, models, args.iters, args.warmup,
+                                     args.model_iters, args.model_warmup, args.timeout)
+            for path in paths:
+                extra = []
+                if args.profile and profile is None and sizes:
+                    profile = Path(tmp) / "all_reduce.prof"
+                    extra = ["--profile", str(profile)]
+                try:
+                    ours = bench_ours(n, path, task_argv + extra, args.timeout)
+                except BenchError as error:  # one launch failing must not lose the others
+                    print(f"{path} at N={n} failed: {error}", file=sys.stderr, flush=True)
+                    ours = None
+                rows += rows_for(n, path, cases, ours, theirs, gloo_state)
+        for path in paths:
+            label = {"shm": "shared memory (default, one host)",
+                     "network": "network (CLUSTER_COLLECTIVE_PATH=network)"}[path]
+            print(f"\n{label}:\n\n{HEAD}\n|" + "---|" * (HEAD.count("|") - 1))
+            for row in rows:
+                if row["path"] == path:
+                    print(format_row(row))
+        # The machine's load moves during a run (other work, our own launches): both ends.
+        print("\nload average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        if profile is not None and profile.exists():
+            print_profile(profile)
+    if args.json:
+        args.json.write_text(json.dumps({"environment": environment_line(), "rows": rows},
+                                        indent=2))
+    failed = [r for r in rows if r["ours_s"] is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
