@@ -14,10 +14,15 @@ Writing is atomic: both files go into a fresh temporary directory beside the tar
 the parent directory is fsynced. A crash at any moment leaves either no ``ckpt-7`` or a complete
 one (and maybe a temporary directory, which readers ignore).
 
+The tensor file is streamed (:mod:`cluster.checkpoint._safetensors`): each array's buffer is
+written in place and hashed while it is written; no copy of the file is ever held in memory.
+
 Reading trusts nothing before checking it: the index must parse and carry this format; the tensor
-file's size must equal ``tensor_bytes`` before it is read into memory; its sha256 must match;
-the safetensors header must list exactly the index's tensors with their dtypes and shapes. Any
-failure raises :class:`~cluster.errors.CheckpointCorruptError` naming the file.
+file's size must equal ``tensor_bytes`` before it is read into memory (one buffer, hashed as it
+fills); its sha256 must match; the safetensors header must list exactly the index's tensors with
+their dtypes, shapes and offsets tiling the data. Any failure raises
+:class:`~cluster.errors.CheckpointCorruptError` naming the file. The tensors returned are views of
+that one buffer.
 """
 
 from __future__ import annotations

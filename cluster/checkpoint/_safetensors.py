@@ -157,11 +157,11 @@ def write_tensor_file(path: str, tensors: Mapping[str, np.ndarray]) -> tuple[int
         for batch in _pieces(head, ordered):
             for view in batch:
                 hasher.update(view)
-            size = sum(len(v) for v in batch)
             _writev_all(fd, list(batch))
-            if hasattr(os, "posix_fadvise") and written:
-                # Start writeback of what was written before this batch (see the module doc).
-                os.posix_fadvise(fd, 0, written, os.POSIX_FADV_DONTNEED)
+            size = sum(len(v) for v in batch)
+            if hasattr(os, "posix_fadvise"):
+                # Start writeback of this batch now (see the module docstring).
+                os.posix_fadvise(fd, written, size, os.POSIX_FADV_DONTNEED)
             written += size
         digest = hasher.hexdigest()
         os.fsync(fd)
