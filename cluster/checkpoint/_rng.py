@@ -12,6 +12,10 @@ Layout of the uint64 vector (no pickle, and readable without NumPy's help):
 - then every value of ``.state`` other than the name, walking dict keys in sorted order: an int
   as two words (low, high 64 bits), an int array as one word per element (C order).
 
+A ``random.Random`` is saved as ``<path>/random_state``: 628 uint64 words, ``getstate()``'s
+version, its 625 Mersenne Twister words, then 1 and the bits of the cached Gaussian draw
+(``gauss()`` makes two at a time) or 0 and 0. ``random.SystemRandom`` has no state and is refused.
+
 The layout depends only on the bit generator type, so a freshly made generator of the same type
 fixes the shape to restore into. A checkpoint of another bit generator is refused with
 ``ValueError`` naming the tensor before any tracked object changes.
@@ -23,14 +27,18 @@ after restoring, not tracked one per task.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["STATE", "describe", "rng_entry_parts"]
+__all__ = ["RANDOM_STATE", "STATE", "describe", "random_entry_parts", "rng_entry_parts"]
 
 STATE = "bit_generator_state"
+RANDOM_STATE = "random_state"
+_RANDOM_VERSION = 3  # random.Random.getstate()'s format version since Python 2.4
+_RANDOM_WORDS = 1 + 625 + 2
 _NAME_WORDS = 4
 _INT_WORDS = 2  # PCG64's state and increment are 128-bit integers
 _MASK = (1 << 64) - 1
@@ -40,8 +48,10 @@ def _name_of(generator: np.random.Generator) -> str:
     return generator.bit_generator.state["bit_generator"]
 
 
-def describe(generator: np.random.Generator) -> dict[str, Any]:
+def describe(generator: np.random.Generator | random.Random) -> dict[str, Any]:
     """What the index records about a generator (for people and tools)."""
+    if isinstance(generator, random.Random):
+        return {"kind": "rng", "type": f"random.{type(generator).__name__}"}
     return {"kind": "rng", "type": "numpy.random.Generator", "bit_generator": _name_of(generator)}
 
 
@@ -135,3 +145,27 @@ def rng_entry_parts(path: str, generator: np.random.Generator) -> tuple[
         generator.bit_generator.state = state
 
     return name, np.dtype(np.uint64), shape, lambda: _words(generator), apply, check
+
+
+def random_entry_parts(path: str, generator: random.Random) -> tuple[
+        str, np.dtype, tuple[int, ...], Callable[[], np.ndarray], Callable[[np.ndarray], None],
+        Callable[[np.ndarray], None]]:
+    """``(name, dtype, shape, read, apply, check)`` of a ``random.Random``'s one tensor."""
+    name = f"{path}/{RANDOM_STATE}"
+
+    def read() -> np.ndarray:
+        version, words, gauss = generator.getstate()
+        cached = [0, 0] if gauss is None else [1, int(np.float64(gauss).view(np.uint64))]
+        return np.array([version, *words, *cached], np.uint64)
+
+    def check(array: np.ndarray) -> None:
+        if array.dtype == np.uint64 and array.shape == (_RANDOM_WORDS,) \
+                and int(array[0]) != _RANDOM_VERSION:
+            raise ValueError(f"Checkpoint: {name} holds a random.Random state of version "
+                             f"{int(array[0])}; this Python reads version {_RANDOM_VERSION}")
+
+    def apply(array: np.ndarray) -> None:
+        gauss = float(array[-1:].view(np.float64)[0]) if int(array[-2]) else None
+        generator.setstate((int(array[0]), tuple(int(w) for w in array[1:-2]), gauss))
+
+    return name, np.dtype(np.uint64), (_RANDOM_WORDS,), read, apply, check

@@ -12,6 +12,7 @@ string keys, lists, tuples). Every tensor is named by its nest path joined with 
 ``metric/total``                  a metric's state variable (``total``, ``count``)
 ``rng/bit_generator_state``       a ``numpy.random.Generator``'s bit generator state (uint64
                                   words; :mod:`cluster.checkpoint._rng`)
+``rand/random_state``             a ``random.Random``'s state (uint64 words)
 ``save_counter``                  how many times ``Checkpoint.save`` ran (int64 scalar)
 ================================  ==============================================================
 
@@ -28,6 +29,7 @@ from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -92,12 +94,15 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(nest, DistributedIterator):
         _iterators.check_iterator(path, nest)
         yield path, nest
-    elif isinstance(nest, (Variable, Optimizer, Metric, np.random.Generator)):
+    elif isinstance(nest, random.SystemRandom):
+        raise TypeError(f"Checkpoint: {path} is a random.SystemRandom, which has no state to "
+                        "save; track a random.Random or a numpy.random.Generator")
+    elif isinstance(nest, (Variable, Optimizer, Metric, np.random.Generator, random.Random)):
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
                         "cluster.Variable, cluster.optimizers optimizers, cluster.metrics metrics, "
-                        "distributed-dataset iterators, numpy.random.Generator and "
+                        "distributed-dataset iterators, numpy.random.Generator, random.Random and "
                         "dicts/lists/tuples of them")
 
 
@@ -216,6 +221,8 @@ def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
         return [Entry(*_iterators.iterator_entry_parts(path, leaf))]
     if isinstance(leaf, np.random.Generator):
         return [Entry(*_rng.rng_entry_parts(path, leaf))]
+    if isinstance(leaf, random.Random):
+        return [Entry(*_rng.random_entry_parts(path, leaf))]
     return [_variable_entry(f"{path}/{_metric_state_name(leaf, state)}", state)
             for state in leaf._state]
 
@@ -282,6 +289,6 @@ def describe_objects(leaves: list[tuple[str, Any]]) -> dict[str, Any]:
                              "iterations": int(leaf.iterations), "hyperparameters": hyper}
         elif isinstance(leaf, Metric):
             objects[path] = {"kind": "metric", "type": type(leaf).__name__, "name": leaf.name}
-        elif isinstance(leaf, np.random.Generator):
+        elif isinstance(leaf, (np.random.Generator, random.Random)):
             objects[path] = _rng.describe(leaf)
     return objects

@@ -23,8 +23,8 @@ class Checkpoint:
     >>> ckpt.restore(path)                                                    # doctest: +SKIP
 
     Trackables: ``cluster.Variable`` (plain or distributed), optimizers, metrics,
-    distributed-dataset iterators, ``numpy.random.Generator`` and dicts/lists/tuples of them
-    (see :mod:`cluster.checkpoint._trackables` for tensor names).
+    distributed-dataset iterators, ``numpy.random.Generator``, ``random.Random`` and
+    dicts/lists/tuples of them (see :mod:`cluster.checkpoint._trackables` for tensor names).
     ``save_counter`` counts the saves (restored by :meth:`restore`). Restoring is strict and
     all-or-nothing: every tensor is read and checked before any value changes, and a checkpoint
     that does not hold exactly the tracked objects raises ``ValueError``.

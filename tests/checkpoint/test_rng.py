@@ -1,11 +1,12 @@
-"""numpy.random.Generator as a trackable: draws after a restore equal an uninterrupted run's, for
-every bit generator NumPy ships; another bit generator's state is refused before anything
-changes."""
+"""numpy.random.Generator and random.Random as trackables: draws after a restore equal an
+uninterrupted run's, for every bit generator NumPy ships; another bit generator's state is
+refused before anything changes."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 
 import numpy as np
 import pytest
@@ -96,3 +97,25 @@ def test_generators_in_nests_and_tracked_twice():
         Checkpoint(a=rng, b=[rng])
     with pytest.raises(TypeError, match="numpy.random.Generator"):
         Checkpoint(a=np.random.RandomState(0))
+
+
+def _py_draws(r: random.Random) -> list:
+    # gauss() makes two values at a time and caches the second: a save between them must keep it.
+    return [r.random(), r.getrandbits(70), r.gauss(0.0, 1.0), r.randrange(10**6)]
+
+
+def test_python_random_round_trips_with_its_cached_gauss(tmp_path):
+    reference = random.Random(7)
+    _py_draws(reference)
+    expected = [_py_draws(reference) for _ in range(3)]
+    r = random.Random(7)
+    _py_draws(r)
+    assert r.getstate()[2] is not None  # a Gaussian is cached: the case that must survive
+    path = Checkpoint(r=r).write(tmp_path / "c")
+    fresh = random.Random(0)
+    Checkpoint(r=fresh).read(path)
+    assert [_py_draws(fresh) for _ in range(3)] == expected
+    with pytest.raises(TypeError, match="SystemRandom"):
+        Checkpoint(r=random.SystemRandom())
+    with pytest.raises(ValueError, match="not tracked here"):  # a Generator is not a Random
+        Checkpoint(r=np.random.default_rng(0)).read(path)
