@@ -1,8 +1,8 @@
-"""Checkpoint format benchmark: save and restore GB/s of a 1 GiB model against the raw disk.
+"""Checkpoint format benchmark: save and restore GB/s of a 64 MiB and a 1 GiB model against dd.
 
-    uv run python bench/checkpoint.py                          # ours + raw safetensors + disk
+    uv run python bench/checkpoint.py                  # 64M and 1G: ours, safetensors, disk, dd
     uv run --with zarr --with tensorstore python bench/checkpoint.py   # + zarr, tensorstore
-    uv run python bench/checkpoint.py --size 256M --runs 3 --dir /mnt/fast/tmp
+    uv run python bench/checkpoint.py --sizes 256M --runs 3 --dir /mnt/fast/tmp
 
 zarr and tensorstore are benchmark-only: ``uv run --with ...`` puts them in a throwaway
 environment layered over the project's for that one command (nothing is added to the project
@@ -10,8 +10,10 @@ or its lock file); without them their rows say "not installed".
 
 The model: float32 tensors shaped like a GPT-style transformer with d_model 1024 (a 32000 x 1024
 embedding, then per layer qkv 1024 x 3072, out 1024 x 1024, MLP 1024 x 4096 and 4096 x 1024,
-biases and layer norms), layers added until the total reaches ``--size`` (1 GiB: 19 layers,
-231 tensors). The values are random (weights do not compress; no format gets a free ride).
+biases and layer norms), layers added until the total reaches each of ``--sizes`` (1 GiB: 19
+layers, 231 tensors). A size too small for the embedding and one layer at width 1024 halves the
+width until they fit (64 MiB: d_model 512, 3 layers, 39 tensors, 67 MiB). The values are random
+(weights do not compress; no format gets a free ride).
 
 Rows, each saving the same tensors into a fresh directory of ``--dir`` and restoring them:
 
@@ -26,14 +28,22 @@ Rows, each saving the same tensors into a fresh directory of ``--dir`` and resto
   ``[...]``.
 - ``tensorstore``: the ``zarr3`` driver on the ``file`` kvstore, one array per tensor, one chunk
   each, every file fsynced; read back with ``.read().result()``.
-- ``raw disk``: the floor: the same bytes as one file, written with ``os.write`` in 64 MiB
-  pieces, fsynced; read back with ``os.readv`` into a preallocated buffer.
+- ``raw disk``: the same bytes as one file, written with ``os.write`` in 64 MiB pieces,
+  fsynced; read back with ``os.readv`` into a preallocated buffer (what Python can do at best).
+- ``dd``: the floor: ``dd if=/dev/zero of=F bs=64M count=<bytes> iflag=count_bytes
+  conv=fsync``, then ``dd if=F of=/dev/null bs=64M`` after the cache drop; the same number of
+  bytes in one file of the same directory. ``conv=fsync`` (buffered writes, one fsync at the
+  end) rather than ``oflag=direct``: every row writes through the page cache and fsyncs, so
+  that is the path whose speed the disk sets for them; ``oflag=direct`` would time the device
+  without the page cache, at queue depth one (a synchronous 64 MiB write at a time), which is
+  neither what a checkpoint writer can do nor always faster (both gave 0.62-0.72 GB/s on the CI
+  machine).
 
 Every restore is checked equal to what was saved (a row that reads back wrong fails). Before
 every restore the page cache is dropped (``echo 3 > /proc/sys/vm/drop_caches``, root only), so
 restores read the disk; when that is not possible the table says "cached" and restores measure
-memory, not the disk. GB/s = 1e9 bytes of tensor data / seconds; ``x disk`` = the row's GB/s over
-the raw disk's (1.00 = as fast as the disk allows). Medians of ``--runs`` runs.
+memory, not the disk. GB/s = 1e9 bytes of tensor data / seconds; ``/ dd`` = the row's seconds
+over dd's (1.00 = as fast as dd; 1.30 = 30% slower). Medians of ``--runs`` runs.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import importlib.util
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +68,7 @@ import safetensors.numpy  # noqa: E402
 import cluster  # noqa: E402
 from cluster.checkpoint import Checkpoint  # noqa: E402
 
-__all__ = ["main", "make_model"]
+__all__ = ["main", "make_model", "width_for"]
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _PIECE = 64 << 20  # raw disk write/read granularity
@@ -94,6 +105,14 @@ def make_model(size: int, d_model: int = 1024, seed: int = 0) -> dict[str, np.nd
     model["ln_f.g"] = t(d)
     model["ln_f.b"] = t(d)
     return model
+
+
+def width_for(size: int) -> int:
+    """1024, halved while the embedding and one layer at that width exceed ``size`` (min 64)."""
+    d = 1024
+    while d > 64 and (32000 * d // 1024) * d * 4 + (12 * d * d + 13 * d) * 4 > size:
+        d //= 2
+    return d
 
 
 def _fsync_tree(root: str) -> None:
@@ -134,7 +153,8 @@ class Ours:
 
     def load(self, path: str) -> dict[str, np.ndarray]:
         self.ckpt.read(path)
-        return {self.names[k]: np.asarray(v.numpy()) for k, v in self.variables.items()}
+        # value() is a view: copying 1 GiB out here would be timed as part of the restore.
+        return {self.names[k]: np.asarray(v.value()) for k, v in self.variables.items()}
 
 
 class RawSafetensors:
@@ -232,6 +252,28 @@ class RawDisk:
         return {"blob": out}
 
 
+class Dd:
+    name = "dd"
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def _dd(self, *args: str) -> None:
+        # A deadline, as for every blocking call: 1 GiB takes seconds; 10 minutes is a stuck disk.
+        subprocess.run(["dd", *args, "status=none"], check=True, timeout=600)
+
+    def save(self, path: str, tensors: dict[str, np.ndarray]) -> None:
+        os.mkdir(path)
+        self._dd("if=/dev/zero", f"of={os.path.join(path, 'blob')}", "bs=64M",
+                 f"count={self.nbytes}", "iflag=count_bytes", "conv=fsync")
+        _fsync_tree(path)  # the directory entry, as every other row
+
+    def load(self, path: str) -> dict[str, np.ndarray]:
+        file = os.path.join(path, "blob")
+        self._dd(f"if={file}", "of=/dev/null", "bs=64M")
+        return {"blob": np.array(os.path.getsize(file))}
+
+
 def drop_caches() -> bool:
     """Evict the page cache (root only); False when not possible."""
     os.sync()
@@ -244,7 +286,9 @@ def drop_caches() -> bool:
 
 
 def _check(fmt: str, model: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
-    if fmt == RawDisk.name:
+    if fmt == Dd.name:  # dd wrote zeros: check it wrote them all
+        ok = int(got["blob"]) == sum(a.nbytes for a in model.values())
+    elif fmt == RawDisk.name:
         expected = np.concatenate([a.reshape(-1).view(np.uint8) for a in model.values()])
         ok = np.array_equal(got["blob"], expected)
     else:
@@ -292,37 +336,21 @@ def _optional(factory: Callable[[], object], module: str) -> object | None:
     return factory() if importlib.util.find_spec(module) is not None else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="1G", help="model size (default 1G = 1 GiB)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
-    parser.add_argument("--dir", default=None,
-                        help="where to write (default: a temporary directory under $TMPDIR)")
-    parser.add_argument("--d-model", type=int, default=1024,
-                        help="model width (tensor shapes; small values for a smoke test)")
-    parser.add_argument("--keep-cache", action="store_true",
-                        help="do not drop the page cache before restores (they then read memory)")
-    parser.add_argument("--formats", default="cluster.checkpoint,safetensors,zarr,tensorstore,"
-                        "raw disk", help="comma-separated rows")
-    args = parser.parse_args(argv)
-
-    model = make_model(parse_size(args.size), args.d_model)
+def _run_size(size: int, args: argparse.Namespace, wanted: list[str]) -> tuple[
+        int, dict[str, tuple[float, float, tuple[int, int], bool] | None]]:
+    """``(tensor bytes, {format: (save s, restore s, footprint, cold) or None})`` at one size."""
+    model = make_model(size, args.d_model or width_for(size))
     nbytes = sum(a.nbytes for a in model.values())
     print(f"model: {len(model)} float32 tensors, {nbytes / (1 << 30):.3f} GiB "
-          f"({nbytes} bytes); {args.runs} runs per row; medians\n")
-
+          f"({nbytes} bytes); {args.runs} runs per row; medians", flush=True)
     factories: dict[str, Callable[[], object | None]] = {
         "cluster.checkpoint": lambda: Ours(model),
         "safetensors": RawSafetensors,
         "zarr": lambda: _optional(Zarr, "zarr"),
         "tensorstore": lambda: _optional(TensorStore, "tensorstore"),
         "raw disk": RawDisk,
+        "dd": lambda: Dd(nbytes),
     }
-    wanted = [f.strip() for f in args.formats.split(",") if f.strip()]
-    unknown = sorted(set(wanted) - set(factories))
-    if unknown:
-        parser.error(f"unknown formats {unknown}; known: {sorted(factories)}")
-
     results: dict[str, tuple[float, float, tuple[int, int], bool] | None] = {}
     root = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
     try:
@@ -334,28 +362,60 @@ def main(argv: list[str] | None = None) -> int:
             saves, loads, footprint, cold = measure(fmt, model, root, args.runs,
                                                      drop=not args.keep_cache)
             results[name] = (statistics.median(saves), statistics.median(loads), footprint, cold)
-            print(f"  {name}: save {[round(s, 2) for s in saves]} s, "
-                  f"restore {[round(s, 2) for s in loads]} s", flush=True)
+            print(f"  {name}: save {[round(s, 3) for s in saves]} s, "
+                  f"restore {[round(s, 3) for s in loads]} s", flush=True)
             del fmt
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return nbytes, results
 
-    disk = results.get("raw disk")
-    print("\n| format | save s | save GB/s | save x disk | restore s | restore GB/s "
-          "| restore x disk | files | on disk MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in wanted:
-        row = results[name]
-        if row is None:
-            print(f"| {name} | not installed | | | | | | | |")
-            continue
-        save, load, (files, size), cold = row
-        sx = f"{disk[0] / save:.2f}" if disk else "-"
-        lx = f"{disk[1] / load:.2f}" if disk else "-"
-        cached = "" if cold else " (cached)"
-        print(f"| {name} | {save:.2f} | {nbytes / save / 1e9:.2f} | {sx} | {load:.2f}{cached} "
-              f"| {nbytes / load / 1e9:.2f} | {lx} | {files} | {size / (1 << 20):.1f} |")
-    if not all(r[3] for r in results.values() if r is not None):
+
+FORMATS = ["cluster.checkpoint", "safetensors", "zarr", "tensorstore", "raw disk", "dd"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="64M,1G",
+                        help="comma-separated model sizes (default 64M,1G: 64 MiB and 1 GiB)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per row (median shown)")
+    parser.add_argument("--dir", default=None,
+                        help="where to write (default: a temporary directory under $TMPDIR)")
+    parser.add_argument("--d-model", type=int, default=None,
+                        help="model width (default: 1024, halved until a layer fits the size; "
+                        "small values for a smoke test)")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="do not drop the page cache before restores (they then read memory)")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated rows")
+    args = parser.parse_args(argv)
+    wanted = [f.strip() for f in args.formats.split(",") if f.strip()]
+    unknown = sorted(set(wanted) - set(FORMATS))
+    if unknown:
+        parser.error(f"unknown formats {unknown}; known: {FORMATS}")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+
+    tables = [_run_size(size, args, wanted) for size in sizes]
+    print("\n| model | format | save s | save GB/s | save / dd | restore s | restore GB/s "
+          "| restore / dd | files | on disk MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    all_cold = True
+    for nbytes, results in tables:
+        dd = results.get("dd")
+        label = (f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20
+                 else f"{nbytes / (1 << 10):.0f} KiB")
+        for name in wanted:
+            row = results[name]
+            if row is None:
+                print(f"| {label} | {name} | not installed | | | | | | | |")
+                continue
+            save, load, (files, size), cold = row
+            all_cold = all_cold and cold
+            sx = f"{save / dd[0]:.2f}" if dd else "-"
+            lx = f"{load / dd[1]:.2f}" if dd else "-"
+            cached = "" if cold else " (cached)"
+            print(f"| {label} | {name} | {save:.3f} | {nbytes / save / 1e9:.2f} | {sx} "
+                  f"| {load:.3f}{cached} | {nbytes / load / 1e9:.2f} | {lx} | {files} "
+                  f"| {size / (1 << 20):.1f} |")
+    if not all_cold:
         print("\n(cached): the page cache was not dropped (--keep-cache, or not root): those "
               "restores read memory, not the disk.")
     return 0

@@ -14,26 +14,29 @@ Writing is atomic: both files go into a fresh temporary directory beside the tar
 the parent directory is fsynced. A crash at any moment leaves either no ``ckpt-7`` or a complete
 one (and maybe a temporary directory, which readers ignore).
 
+The tensor file is streamed (:mod:`cluster.checkpoint._safetensors`): each array's buffer is
+written in place and hashed while it is written; no copy of the file is ever held in memory.
+
 Reading trusts nothing before checking it: the index must parse and carry this format; the tensor
-file's size must equal ``tensor_bytes`` before it is read into memory; its sha256 must match;
-the safetensors header must list exactly the index's tensors with their dtypes and shapes. Any
-failure raises :class:`~cluster.errors.CheckpointCorruptError` naming the file.
+file's size must equal ``tensor_bytes`` before it is read into memory (one buffer, hashed as it
+fills); its sha256 must match; the safetensors header must list exactly the index's tensors with
+their dtypes, shapes and offsets tiling the data. Any failure raises
+:class:`~cluster.errors.CheckpointCorruptError` naming the file. The tensors returned are views of
+that one buffer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import struct
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import safetensors.numpy
 
+from cluster.checkpoint import _safetensors
 from cluster.errors import CheckpointCorruptError
 
 __all__ = [
@@ -112,24 +115,22 @@ def write_checkpoint(path: str, tensors: Mapping[str, np.ndarray], *, step: int 
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    # np.ascontiguousarray would turn a scalar into shape (1,): copy only what needs it.
-    arrays = {name: np.asarray(array, order="C") for name, array in tensors.items()}
-    data = safetensors.numpy.save(arrays)
-    index = {
-        "format": FORMAT,
-        "version": VERSION,
-        "tensor_file": TENSOR_FILE,
-        "tensor_bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "step": step,
-        "tensors": {name: {"dtype": _dtype_name(a.dtype), "shape": list(a.shape)}
-                    for name, a in sorted(arrays.items())},
-        "objects": dict(objects or {}),
-    }
+    arrays = {name: np.asarray(array) for name, array in tensors.items()}
     tmp = temporary_name(path)
     try:
         os.mkdir(tmp)
-        _write_file(os.path.join(tmp, TENSOR_FILE), data)
+        size, digest = _safetensors.write_tensor_file(os.path.join(tmp, TENSOR_FILE), arrays)
+        index = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tensor_file": TENSOR_FILE,
+            "tensor_bytes": size,
+            "sha256": digest,
+            "step": step,
+            "tensors": {name: {"dtype": _dtype_name(a.dtype), "shape": list(a.shape)}
+                        for name, a in sorted(arrays.items())},
+            "objects": dict(objects or {}),
+        }
         # The index is written after the tensors: a directory with an index is complete.
         _write_file(os.path.join(tmp, INDEX_FILE),
                     json.dumps(index, indent=1, sort_keys=True).encode())
@@ -221,50 +222,46 @@ def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise bad("missing") from e
     if size != expected:  # checked before reading: a huge or cut file is never loaded
         raise bad(f"is {size} bytes but its index says {expected}; truncated or altered")
-    with open(tensor_path, "rb") as f:
-        data = f.read()
-    if len(data) != expected:
-        raise bad(f"read {len(data)} bytes, expected {expected}; the file changed while read")
-    digest = hashlib.sha256(data).hexdigest()
+    data, digest = _safetensors.read_tensor_file(tensor_path, expected, bad)
     if digest != index["sha256"]:
         raise bad(f"sha256 {digest} does not match the index's {index['sha256']}; corrupt")
-    _check_header(data, index["tensors"], bad)
-    try:
-        tensors = safetensors.numpy.load(data)
-    except Exception as e:  # safetensors raises its own SafetensorError
-        raise bad(f"unreadable safetensors data ({e})") from e
-    for name, array in tensors.items():
-        if array.dtype != np.dtype(index["tensors"][name]["dtype"]):
-            raise bad(f"tensor {name!r} is {array.dtype} but the index says "
-                      f"{index['tensors'][name]['dtype']}")
-    return tensors, index
+    header, start = _safetensors.parse_header(data, bad)
+    _check_header(header, len(data) - start, index["tensors"], bad)
+    dtypes = {name: np.dtype(spec["dtype"]) for name, spec in index["tensors"].items()}
+    return _safetensors.tensor_views(data, header, start, dtypes), index
 
 
-def _check_header(data: bytes, specs: Mapping[str, Any], bad: Any) -> None:
+def _check_header(header: Mapping[str, Any], body: int, specs: Mapping[str, Any],
+                  bad: Any) -> None:
     """The safetensors header lists exactly ``specs``' names, dtypes and shapes, with offsets
-    inside the file; checked before safetensors allocates anything."""
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > len(data) - 8:
-        raise bad(f"header length {header_len} runs past the end of the file")
-    try:
-        header = json.loads(data[8:8 + header_len])
-    except ValueError as e:
-        raise bad(f"header is not valid JSON ({e})") from e
-    header.pop("__metadata__", None)
+    inside the ``body`` bytes after it that tile it without holes."""
     if set(header) != set(specs):
         raise bad(f"holds tensors {sorted(header)} but the index lists {sorted(specs)}")
-    body = len(data) - 8 - header_len
+    spans = []
     for name, entry in header.items():
         spec = specs[name]
         dtype = np.dtype(spec["dtype"])
-        begin, end = entry["data_offsets"]
-        if list(entry["shape"]) != list(spec["shape"]):
-            raise bad(f"tensor {name!r} has shape {entry['shape']} but the index says "
-                      f"{spec['shape']}")
-        if not 0 <= begin <= end <= body or end - begin != dtype.itemsize * int(
-                np.prod(spec["shape"], dtype=np.int64)):
+        try:
+            begin, end = entry["data_offsets"]
+            shape, code = list(entry["shape"]), entry["dtype"]
+        except (TypeError, KeyError, ValueError) as e:
+            raise bad(f"tensor {name!r} has an invalid header entry {entry!r}") from e
+        if code != _safetensors.dtype_code(dtype):
+            raise bad(f"tensor {name!r} is {code} but the index says {spec['dtype']}")
+        if shape != list(spec["shape"]):
+            raise bad(f"tensor {name!r} has shape {shape} but the index says {spec['shape']}")
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= body) \
+                or end - begin != dtype.itemsize * int(np.prod(spec["shape"], dtype=np.int64)):
             raise bad(f"tensor {name!r} has offsets {entry['data_offsets']} that do not fit a "
                       f"{spec['dtype']} tensor of shape {spec['shape']}")
+        spans.append((begin, end))
+    covered = 0
+    for begin, end in sorted(spans):
+        if begin != covered:
+            raise bad(f"tensor data has a hole or overlap at byte {covered}")
+        covered = end
+    if covered != body:
+        raise bad(f"tensor data covers {covered} of its {body} bytes")
 
 
 def remove_checkpoint(path: str) -> None:

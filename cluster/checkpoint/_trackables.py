@@ -10,6 +10,9 @@ string keys, lists, tuples). Every tensor is named by its nest path joined with 
 ``optimizer/slots/model/0/m``     a slot (``m``, ``v``, ``momentum``) of the variable
                                   ``model/0``, named by that variable's path in the checkpoint
 ``metric/total``                  a metric's state variable (``total``, ``count``)
+``rng/bit_generator_state``       a ``numpy.random.Generator``'s bit generator state (uint64
+                                  words; :mod:`cluster.checkpoint._rng`)
+``rand/random_state``             a ``random.Random``'s state (uint64 words)
 ``save_counter``                  how many times ``Checkpoint.save`` ran (int64 scalar)
 ================================  ==============================================================
 
@@ -18,12 +21,15 @@ variable (metric state) its aggregate over every replica (a collective under
 MultiWorkerMirroredStrategy: every worker must save). Restoring writes every local replica's
 component: mirrored ones all get the value; a SUM sync-on-read variable puts the value in global
 replica 0 and zeros elsewhere, so its aggregate is exactly the saved value on any replica count.
+Reads do not copy: a NumPy-backed variable's entry reads its live buffer, which the writer
+streams to disk before training continues (``save`` is synchronous).
 Parameter-server variables save their whole logical value and their optimizer state as read
 from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
-from cluster.checkpoint import _iterators, _ps
+from cluster.checkpoint import _iterators, _ps, _rng
 from cluster.data import DistributedIterator
 from cluster.metrics import Metric
 from cluster.optimizers import Optimizer
@@ -54,19 +60,25 @@ SAVE_COUNTER = "save_counter"
 
 @dataclass
 class Entry:
-    """One named tensor: its expected dtype and shape, how to read it and how to put it back."""
+    """One named tensor: its expected dtype and shape, how to read it and how to put it back.
+
+    ``read`` may return a view of live state (valid until the object next changes); ``check``,
+    when given, raises ``ValueError`` for a saved array ``apply`` must refuse, and runs for every
+    entry before any ``apply``.
+    """
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
     read: Callable[[], np.ndarray]
     apply: Callable[[np.ndarray], None]
+    check: Callable[[np.ndarray], None] | None = None
 
 
 def to_host(array: Any) -> np.ndarray:
-    """A NumPy copy of a NumPy or CuPy array."""
+    """A NumPy array of a NumPy array (itself, no copy) or CuPy array (a host copy)."""
     return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
-        else np.array(array, copy=True)
+        else np.asarray(array)
 
 
 def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -82,12 +94,16 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(nest, DistributedIterator):
         _iterators.check_iterator(path, nest)
         yield path, nest
-    elif isinstance(nest, (Variable, Optimizer, Metric)):
+    elif isinstance(nest, random.SystemRandom):
+        raise TypeError(f"Checkpoint: {path} is a random.SystemRandom, which has no state to "
+                        "save; track a random.Random or a numpy.random.Generator")
+    elif isinstance(nest, (Variable, Optimizer, Metric, np.random.Generator, random.Random)):
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
                         "cluster.Variable, cluster.optimizers optimizers, cluster.metrics metrics, "
-                        "distributed-dataset iterators and dicts/lists/tuples of them")
+                        "distributed-dataset iterators, numpy.random.Generator, random.Random and "
+                        "dicts/lists/tuples of them")
 
 
 def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -105,13 +121,14 @@ def check_nest(root: dict[str, Any]) -> list[tuple[str, Any]]:
 
 # -- variables ------------------------------------------------------------------------------------
 
-def _read_variable(variable: Variable) -> np.ndarray:
+def _read_variable(variable: Variable) -> Any:
+    """The value to save: the live buffer (no copy; see the module docstring) or an aggregate."""
     if isinstance(variable, SyncOnReadVariable) \
             and variable.aggregation is not VariableAggregation.NONE:
         return variable.numpy()  # the aggregate, in cross-replica context
     if isinstance(variable, DistributedVariable):
-        return variable.values[0].numpy()
-    return variable.numpy()
+        return variable.values[0]._read()
+    return variable._read()
 
 
 def _apply_variable(variable: Variable, array: np.ndarray) -> None:
@@ -198,10 +215,14 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
 
 
 def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
-    """A dataset iterator's position, or a metric's state variables: the same on save and
-    restore."""
+    """A dataset iterator's position, a generator's state, or a metric's state variables: the
+    same on save and restore."""
     if isinstance(leaf, DistributedIterator):
         return [Entry(*_iterators.iterator_entry_parts(path, leaf))]
+    if isinstance(leaf, np.random.Generator):
+        return [Entry(*_rng.rng_entry_parts(path, leaf))]
+    if isinstance(leaf, random.Random):
+        return [Entry(*_rng.random_entry_parts(path, leaf))]
     return [_variable_entry(f"{path}/{_metric_state_name(leaf, state)}", state)
             for state in leaf._state]
 
@@ -268,4 +289,6 @@ def describe_objects(leaves: list[tuple[str, Any]]) -> dict[str, Any]:
                              "iterations": int(leaf.iterations), "hyperparameters": hyper}
         elif isinstance(leaf, Metric):
             objects[path] = {"kind": "metric", "type": type(leaf).__name__, "name": leaf.name}
+        elif isinstance(leaf, (np.random.Generator, random.Random)):
+            objects[path] = _rng.describe(leaf)
     return objects

@@ -22,7 +22,8 @@ class Checkpoint:
     >>> path = ckpt.save("/ckpts/run")      # "/ckpts/run-1", then "-2", ...   # doctest: +SKIP
     >>> ckpt.restore(path)                                                    # doctest: +SKIP
 
-    Trackables: ``cluster.Variable`` (plain or distributed), optimizers, metrics, and
+    Trackables: ``cluster.Variable`` (plain or distributed), optimizers, metrics,
+    distributed-dataset iterators, ``numpy.random.Generator``, ``random.Random`` and
     dicts/lists/tuples of them (see :mod:`cluster.checkpoint._trackables` for tensor names).
     ``save_counter`` counts the saves (restored by :meth:`restore`). Restoring is strict and
     all-or-nothing: every tensor is read and checked before any value changes, and a checkpoint
@@ -100,6 +101,8 @@ class Checkpoint:
         plan = _trackables.restore_plan(self._leaves, set(tensors))
         for entry in plan:
             array = tensors[entry.name]
+            if entry.check is not None:
+                entry.check(array)
             if array.dtype != entry.dtype or tuple(array.shape) != entry.shape:
                 raise ValueError(
                     f"Checkpoint: {entry.name} in {path} is {array.dtype}{list(array.shape)} but "

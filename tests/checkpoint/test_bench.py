@@ -32,15 +32,20 @@ def test_make_model_reaches_size_with_whole_layers():
 
 
 @pytest.mark.timeout(120)
-def test_bench_round_trips_every_format(tmp_path, capsys):
+def test_bench_round_trips_every_format_at_every_size(tmp_path, capsys):
     bench = _load_bench()
-    formats = ["cluster.checkpoint", "safetensors", "raw disk"]
-    assert bench.main(["--size", "200K", "--d-model", "32", "--runs", "2", "--keep-cache",
+    formats = ["cluster.checkpoint", "safetensors", "raw disk", "dd"]
+    assert bench.main(["--sizes", "200K,300K", "--d-model", "32", "--runs", "2", "--keep-cache",
                        "--dir", str(tmp_path), "--formats", ",".join(formats)]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [r.split("|")[1].strip() for r in rows[1:]] == formats
-    assert all("(cached)" in r for r in rows[1:])
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert rows[0][:3] == ["model", "format", "save s"]
+    sizes = [r[0] for r in rows[1:]]
+    assert [r[1] for r in rows[1:]] == formats * 2
+    assert len(set(sizes[:4])) == 1 and len(set(sizes[4:])) == 1 and sizes[0] != sizes[4]
+    assert all("(cached)" in r[5] for r in rows[1:])
+    assert all(r[4] == "1.00" and r[7] == "1.00" for r in rows[1:] if r[1] == "dd")
     assert list(tmp_path.iterdir()) == []  # the bench removed what it wrote
 
 
@@ -49,5 +54,5 @@ def test_bench_detects_a_wrong_restore(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.RawSafetensors, "load",
                         lambda self, path: {"embed": np.zeros(1, np.float32)})
     with pytest.raises(RuntimeError, match="safetensors restored different tensors"):
-        bench.main(["--size", "100K", "--d-model", "32", "--runs", "1", "--keep-cache",
+        bench.main(["--sizes", "100K", "--d-model", "32", "--runs", "1", "--keep-cache",
                     "--dir", str(tmp_path), "--formats", "safetensors"])
