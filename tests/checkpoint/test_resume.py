@@ -35,6 +35,18 @@ def _expected_counts() -> dict[int, int]:
     return {k: 2 if k in REDONE else 1 for k in range(STEPS)}
 
 
+def _check_counts(task: str, lines: list[str]) -> None:
+    """Steps 20..24 twice and every other step once; except that the victim's peer may not
+    have completed step 24 on the first attempt: the victim finishes its part of that step's
+    all-reduce and is killed, and its peer, still waiting on the last of the victim's bytes,
+    gets a peer failure instead (the step is then run once, after the restart)."""
+    counts = _launching.step_counts(lines)
+    expected = _expected_counts()
+    if task != "worker:1" and counts.get(KILL_AT - 1) == 1:
+        expected[KILL_AT - 1] = 1
+    assert counts == expected, (task, lines)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_mwms_worker_killed_resumes_from_the_last_checkpoint_bit_for_bit(
@@ -53,7 +65,7 @@ def test_mwms_worker_killed_resumes_from_the_last_checkpoint_bit_for_bit(
         lines = _launching.lines_of(text, task)
         assert [line for line in lines if line.startswith("resumed at")] == [
             "resumed at 0", "resumed at 20"], (task, lines)
-        assert _launching.step_counts(lines) == _expected_counts(), (task, lines)
+        _check_counts(task, lines)
     reference = _resume_train.reference(STEPS, 2, optimizer)
     for task in ("worker-0", "worker-1"):
         np.testing.assert_array_equal(np.load(out_dir / f"{task}.npy"), reference)

@@ -185,6 +185,7 @@ def test_a_preempted_worker_restarts_the_cluster_which_resumes_bit_for_bit(
                                      r"at epoch (\d) step (\d+)", line))]
     assert len(resumed) == 1, text
     number, epoch, step = (int(g) for g in resumed[0].groups())
-    assert number == step and 5 < step < EPOCHS * 23 and epoch == step // 23 + 1, text
+    # The notice may land before the run call right after ckpt-5: then the agreed step is 5.
+    assert number == step and 5 <= step < EPOCHS * 23 and epoch == step // 23 + 1, text
     assert "Traceback" not in text, text
     assert_same_params(saved, uninterrupted)
