@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from cluster._family import is_cupy
+from cluster._family import is_cupy, stage
 from cluster.collectives import _packing
-from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives.arena import ArenaLayout

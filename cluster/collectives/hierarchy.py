@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from cluster._family import stage
 from cluster.collectives import _packing
-from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call
 from cluster.collectives._packing import spec
