@@ -1,20 +1,40 @@
-"""Array families at the user API: NumPy, CuPy, Python scalars, and anything exporting DLPack.
+"""Array families, the one adapter of strategies and collectives alike: NumPy, CuPy, Python
+scalars and lists, and anything exporting DLPack.
 
-Strategies compute on NumPy (host) or CuPy (GPU) arrays. :func:`to_array` brings a user's value
-into one of those without a copy where the library allows (DLPack, ``np.asarray``), and returns
-how to hand a result back in the caller's family (a torch tensor comes back as a torch tensor).
-Python scalars follow TensorFlow's dtype inference: ``float`` -> float32, ``int`` -> int32.
+Strategies and collectives compute on NumPy (host) or CuPy (GPU) arrays. :func:`to_array` brings
+a user's value into one of those without a copy where the library allows (DLPack,
+``np.asarray``), and returns how to hand a result back in the caller's family (a torch tensor
+comes back as a torch tensor, a Python or NumPy scalar as a NumPy scalar). :func:`stage` is the
+same for code that needs host memory (the collectives' host algorithms): a CuPy array is copied to
+the host and its result copied back onto its GPU. :func:`to_host` / :func:`on_device_of` are the
+two copies themselves.
+
+One dtype rule everywhere, TensorFlow's (``tf.convert_to_tensor``, which ``all_reduce`` applies
+to a Python value): ``float`` -> float32, ``int`` -> int32 (int64 when it does not fit), ``bool``
+-> bool; NumPy values keep their dtype. CuPy is never imported here: a CuPy array exists only once
+the user imported ``cupy``, so ``sys.modules`` is where to find it.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["asarray_like_tf", "is_cupy", "restore_for", "to_array", "xp_of"]
+__all__ = [
+    "Staged",
+    "asarray_like_tf",
+    "is_cupy",
+    "on_device_of",
+    "restore_for",
+    "stage",
+    "to_array",
+    "to_host",
+    "xp_of",
+]
 
 
 def _cupy() -> Any:
@@ -68,10 +88,12 @@ def _scalar(result: Any) -> Any:
         else result
 
 
-def to_array(value: Any) -> tuple[Any, Callable[[Any], Any]]:
+def to_array(value: Any, what: str = "") -> tuple[Any, Callable[[Any], Any]]:
     """``(array, restore)``: ``value`` as a NumPy or CuPy array, and the way back to its family.
 
-    Raises ``TypeError`` naming the supported families for anything else.
+    NumPy/CuPy arrays and DLPack exporters are viewed, not copied; Python values follow the
+    module's dtype rule. Raises ``TypeError`` naming the supported families (and ``what``, the
+    calling operation, when given) for anything else.
     """
     if isinstance(value, np.ndarray) or is_cupy(value):
         return value, _identity
@@ -83,7 +105,8 @@ def to_array(value: Any) -> tuple[Any, Callable[[Any], Any]]:
     if hasattr(value, "__dlpack__"):
         return _from_dlpack(value)
     raise TypeError(
-        f"got a value of type {type(value).__module__}.{type(value).__qualname__}; supported: "
+        f"{what + ' ' if what else ''}got a value of type {type(value).__module__}."
+        f"{type(value).__qualname__}; supported: "
         "NumPy arrays and scalars, Python numbers, CuPy arrays, and arrays exporting DLPack "
         "(__dlpack__, e.g. torch tensors). Convert it first, e.g. np.asarray(value)"
     )
@@ -124,3 +147,56 @@ def restore_for(value: Any) -> Callable[[Any], Any]:
         return from_dlpack(xp.ascontiguousarray(result))
 
     return restore
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy or CuPy ``array`` in host memory: NumPy as is, CuPy copied off its GPU."""
+    return sys.modules["cupy"].asnumpy(array) if is_cupy(array) else np.asarray(array)
+
+
+def on_device_of(template: Any, host: np.ndarray) -> Any:
+    """``host`` on ``template``'s GPU (a copy) when ``template`` is a CuPy array, else ``host``."""
+    if not is_cupy(template):
+        return host
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(template.device.id):
+        return cupy.asarray(host)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A value staged in host memory for a collective's host algorithms.
+
+    - ``array``: the value as a NumPy array (any memory layout).
+    - ``owned``: True when ``array`` is a fresh copy nobody else can see (a converted scalar or
+      list, a CuPy array's host copy), so a collective may reduce into it in place.
+    - ``restore``: turns a host result of the same shape back into the caller's family (onto
+      the caller's GPU for a CuPy value).
+    """
+
+    array: np.ndarray
+    owned: bool
+    restore: Callable[[np.ndarray], Any]
+
+
+def stage(value: Any, what: str = "collective") -> Staged:
+    """``value`` (any family :func:`to_array` takes) staged in host memory.
+
+    Raises ``TypeError`` naming ``what`` and the supported families for anything else.
+    """
+    array, restore = to_array(value, what)
+    if is_cupy(array):
+        return Staged(to_host(array), True, _back_to(array, restore))
+    owned = array is not value and not hasattr(value, "__dlpack__")  # converted: a fresh array
+    return Staged(array, owned, restore)
+
+
+def _back_to(device_array: Any, restore: Callable[[Any], Any]) -> Callable[[np.ndarray], Any]:
+    device = device_array.device.id
+
+    def back(result: np.ndarray) -> Any:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return restore(cupy.asarray(result))
+
+    return back

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from cluster._family import is_cupy, xp_of
+from cluster._family import is_cupy, on_device_of, to_array, to_host, xp_of
+from cluster.collectives import nccl
 from cluster.collectives.group import CollectiveGroup
-from cluster.collectives.ops import ReduceOp
+from cluster.collectives.ops import ReduceOp, finalize
 from cluster.collectives.options import CommunicationOptions
 from cluster.values import DistributedValues, Mirrored
 
@@ -40,12 +41,8 @@ __all__ = [
 Components = Sequence[Any]
 
 
-def _to_host(value: Any) -> np.ndarray:
-    return value.get() if is_cupy(value) else np.asarray(value)
-
-
 def _local_combine(op: ReduceOp, components: Components) -> Any:
-    """``op`` over ``components`` in replica order (MEAN: their sum; the caller divides)."""
+    """``op`` over ``components`` in replica order, as a fresh array (MEAN: their sum)."""
     first = components[0]
     xp = xp_of(first)
     acc = xp.array(first, copy=True)
@@ -66,11 +63,33 @@ def _same_device(like: Any, value: Any) -> Any:
         return cupy.asarray(value)
 
 
-def finish_mean(op: ReduceOp, total: Any, count: int) -> Any:
-    """A SUM turned into the MEAN over ``count`` replicas (true division, as tf.distribute)."""
+def finish_mean(op: ReduceOp, total: Any, count: int | float) -> Any:
+    """A fresh SUM ``total`` (an array nobody else holds, or a NumPy scalar) turned into the
+    MEAN over ``count``; other ops return ``total``.
+
+    The strategies' one MEAN: floating values are divided in place by
+    :func:`~cluster.collectives.ops.finalize` (the collectives' own); integers by true
+    division into a new floating array, as tf.distribute's ``divide_by_n`` does.
+    """
     if op is not ReduceOp.MEAN:
         return total
-    return total / count
+    if np.dtype(total.dtype).kind in "iub" or not (isinstance(total, np.ndarray)
+                                                   or is_cupy(total)):
+        return total / count  # integers, and NumPy scalars (immutable): a new value
+    finalize(op, total, count)
+    return total
+
+
+def _per_replica(total: Any, components: Components) -> list[Any]:
+    """``total`` for every local replica: the array itself where a replica's component lives on
+    its device (the same object may serve several; a strategy copies for the repeats), else one
+    copy onto that component's GPU (or host)."""
+    out = []
+    for c in components:
+        same = is_cupy(c) == is_cupy(total) and (
+            not is_cupy(c) or c.device.id == total.device.id)
+        out.append(total if same else on_device_of(c, to_host(total)))
+    return out
 
 
 class CrossDeviceOps(ABC):
@@ -83,7 +102,10 @@ class CrossDeviceOps(ABC):
     ) -> list[list[Any]]:
         """For each value (its local components), the ``op`` over all replicas, per local replica.
 
-        MEAN divides by ``num_replicas_in_sync``.
+        MEAN divides by ``num_replicas_in_sync``, once. Results are fresh arrays the caller owns
+        (never an input, never written by a later call), each on its replica's component's
+        device; one array may serve several replicas (a caller that hands them out copies the
+        repeats).
         """
 
     def gather_components(self, components: Components, axis: int,
@@ -113,9 +135,8 @@ class CrossDeviceOps(ABC):
 
 
 def _components(value: Any) -> list[Any]:
-    if isinstance(value, DistributedValues):
-        return list(value.values)
-    return [value]
+    values = list(value.values) if isinstance(value, DistributedValues) else [value]
+    return [to_array(v)[0] for v in values]
 
 
 class ReductionToOneDevice(CrossDeviceOps):
@@ -128,30 +149,30 @@ class ReductionToOneDevice(CrossDeviceOps):
         out = []
         for components in values:
             total = finish_mean(op, _local_combine(op, components), num_replicas_in_sync)
-            out.append([total] * len(components))
+            out.append(_per_replica(total, components))
         return out
 
 
 class NcclAllReduce(CrossDeviceOps):
     """NCCL all-reduce among local GPUs; the host reduction for anything else.
 
-    Used when every component is a CuPy array on a distinct GPU and ``cupy.cuda.nccl`` is
-    available. The communicator is created on first use for that set of devices and kept.
+    Used when every component is a CuPy array on a distinct GPU and NCCL is available
+    (:func:`cluster.collectives.nccl.available`). One process drives every GPU, so this uses
+    :meth:`~cluster.collectives.nccl.NcclComm.for_devices` and
+    :func:`~cluster.collectives.nccl.all_reduce_devices` (one NCCL group, deadlines, the dtype
+    table and MEAN's division of the one NCCL module). The communicator is created on first use
+    for that set of devices and kept.
     """
 
     def __init__(self, num_packs: int = 1) -> None:
-        self._comms: dict[tuple[int, ...], Any] = {}
+        self._comms: dict[tuple[int, ...], list[nccl.NcclComm]] = {}
         self._fallback = ReductionToOneDevice()
 
     def _nccl_devices(self, components: Components) -> tuple[int, ...] | None:
         if len(components) < 2 or not all(is_cupy(c) for c in components):
             return None
         devices = tuple(c.device.id for c in components)
-        if len(set(devices)) != len(devices):
-            return None
-        try:
-            from cupy.cuda import nccl  # noqa: F401 - optional (extra 'gpu'): is NCCL here?
-        except ImportError:
+        if len(set(devices)) != len(devices) or not nccl.available():
             return None
         return devices
 
@@ -162,48 +183,35 @@ class NcclAllReduce(CrossDeviceOps):
             if devices is None:
                 out.extend(self._fallback.batch_reduce_components(op, [components],
                                                                   num_replicas_in_sync, options))
-            else:
-                out.append(self._nccl(op, components, devices, num_replicas_in_sync))
+                continue
+            comms = self._comms.get(devices)
+            if comms is None:
+                comms = self._comms[devices] = nccl.NcclComm.for_devices(list(devices))
+            # NCCL's MEAN divides by the GPUs it spans; another count is divided here, once.
+            inner = op if op is not ReduceOp.MEAN or len(devices) == num_replicas_in_sync \
+                else ReduceOp.SUM
+            cupy = sys.modules["cupy"]
+            arrays = []
+            for c in components:
+                with c.device:
+                    arrays.append(cupy.ascontiguousarray(c))
+            results = nccl.all_reduce_devices(comms, arrays, inner)
+            if inner is not op:
+                results = [finish_mean(op, r, num_replicas_in_sync) for r in results]
+            out.append(results)
         return out
-
-    def _nccl(self, op: ReduceOp, components: Components, devices: tuple[int, ...],
-              count: int) -> list[Any]:
-        import cupy  # optional (extra 'gpu'): reached only with GPU components
-        from cupy.cuda import nccl
-
-        comms = self._comms.get(devices)
-        if comms is None:
-            comms = self._comms[devices] = nccl.NcclCommunicator.initAll(list(devices))
-        nccl_op = {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.MEAN: nccl.NCCL_SUM,
-                   ReduceOp.MAX: nccl.NCCL_MAX, ReduceOp.MIN: nccl.NCCL_MIN}[op]
-        dtype = _nccl_dtype(nccl, components[0].dtype)
-        results = []
-        for component in components:
-            with component.device:
-                results.append(cupy.ascontiguousarray(component).copy())
-        nccl.groupStart()
-        for comm, buf in zip(comms, results, strict=True):
-            with buf.device:
-                stream = cupy.cuda.get_current_stream().ptr
-                comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, dtype, nccl_op, stream)
-        nccl.groupEnd()
-        for buf in results:
-            with buf.device:
-                cupy.cuda.get_current_stream().synchronize()
-        return [finish_mean(op, r, count) for r in results]
-
-
-def _nccl_dtype(nccl: Any, dtype: np.dtype) -> int:
-    table = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
-             "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
-    try:
-        return table[np.dtype(dtype).name]
-    except KeyError:
-        raise TypeError(f"NCCL all-reduce does not support dtype {dtype}") from None
 
 
 class CollectiveAllReduce(CrossDeviceOps):
-    """Hierarchical all-reduce across worker processes (MultiWorkerMirroredStrategy's ops)."""
+    """Hierarchical all-reduce across worker processes (MultiWorkerMirroredStrategy's ops).
+
+    A thin layer: combine each value's local components (``local_ops``: NCCL among several
+    local GPUs, else a host sum), then one :meth:`CollectiveGroup.all_reduce_many` of every
+    value (NumPy or CuPy, routed per family), then MEAN's division, once: inside the collective
+    when every value has one local replica and a floating dtype (the group divides by its size,
+    which is then the replica count), else by :func:`finish_mean`. Results are the group's
+    fresh arrays, handed to the replicas without copies where they live on the same device.
+    """
 
     def __init__(self, group: CollectiveGroup, local_ops: CrossDeviceOps | None = None) -> None:
         self._group = group
@@ -216,24 +224,35 @@ class CollectiveAllReduce(CrossDeviceOps):
     def batch_reduce_components(self, op, values, num_replicas_in_sync, options=None):
         if not values:
             return []
-        sum_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         crossing = self._group.world_size > 1
-        # One local replica and a cross-process all-reduce (which never modifies its inputs and
-        # returns fresh buffers): the component itself goes in, saving a copy of every gradient.
-        local = [c[0] if crossing and len(c) == 1 else
-                 self._local.batch_reduce_components(sum_op, [c], len(c), options)[0][0]
-                 for c in values]
-        hosts = [_to_host(x) for x in local]
+        in_group = (op is ReduceOp.MEAN and crossing
+                    and num_replicas_in_sync == self._group.world_size
+                    and all(len(c) == 1 and np.dtype(c[0].dtype).kind not in "iub"
+                            for c in values))
+        inner = op if in_group or op is not ReduceOp.MEAN else ReduceOp.SUM
         if crossing:
-            hosts = self._group.all_reduce_many(hosts, sum_op, options=options)
+            # A lone local replica goes in as is: the group never writes its inputs and returns
+            # fresh arrays, so no copy of any gradient is made here.
+            local = [c[0] if len(c) == 1 else self._local_total(inner, c, options)
+                     for c in values]
+            totals = self._group.all_reduce_many(local, inner, options=options)
+        else:
+            totals = [self._local_total(inner, c, options) for c in values]
         out = []
-        for components, total in zip(values, hosts, strict=True):
-            total = finish_mean(op, np.asarray(total), num_replicas_in_sync)
-            out.append([_like(c, total) for c in components])
+        for components, total in zip(values, totals, strict=True):
+            if inner is not op:
+                total = finish_mean(op, total, num_replicas_in_sync)
+            out.append(_per_replica(total, components))
         return out
 
+    def _local_total(self, op: ReduceOp, components: Components,
+                     options: CommunicationOptions | None) -> Any:
+        """``op`` over one value's local components, fresh (one replica: a copy)."""
+        return self._local.batch_reduce_components(op, [components], len(components),
+                                                   options)[0][0]
+
     def gather_components(self, components, axis, options=None):
-        local = _to_host(CrossDeviceOps.gather_components(self, components, axis, options))
+        local = to_host(CrossDeviceOps.gather_components(self, components, axis, options))
         if self._group.world_size == 1:
             return local
         return self._group.all_gather(local, axis, options=options)
@@ -241,14 +260,5 @@ class CollectiveAllReduce(CrossDeviceOps):
     def broadcast_from_first(self, value, options=None):
         if self._group.world_size == 1:
             return value
-        host = self._group.broadcast(_to_host(value), 0, options=options)
-        return _like(value, np.asarray(host))
-
-
-def _like(template: Any, host: np.ndarray) -> Any:
-    """``host`` on ``template``'s device (a CuPy array's GPU), else as is."""
-    if is_cupy(template):
-        cupy = sys.modules["cupy"]
-        with template.device:
-            return cupy.asarray(host)
-    return host
+        host = self._group.broadcast(to_host(value), 0, options=options)
+        return on_device_of(value, np.asarray(host))

@@ -8,7 +8,7 @@ passes the same tensors computes the same packs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -53,14 +53,21 @@ def plan_packs(
     return packs
 
 
-def pack(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Copy ``arrays`` (one dtype, any layout) into one new flat buffer; returns it and ranges."""
+def pack(
+    arrays: Sequence[np.ndarray], empty: Callable[[int, np.dtype], np.ndarray] = np.empty
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Copy ``arrays`` (one dtype, any layout) into one new flat buffer; returns it and ranges.
+
+    ``empty(size, dtype)`` allocates the buffer (a group's
+    :meth:`~cluster.collectives._buffers.BufferPool.empty`, to reuse large ones). Callers reduce
+    a pack of one array without packing it (:func:`is_lone`): that would only copy it.
+    """
     ranges: list[tuple[int, int]] = []
     start = 0
     for a in arrays:
         ranges.append((start, start + a.size))
         start += a.size
-    buffer = np.empty(start, dtype=arrays[0].dtype)
+    buffer = empty(start, arrays[0].dtype)
     for a, (lo, hi) in zip(arrays, ranges, strict=True):
         np.copyto(buffer[lo:hi].reshape(a.shape), a)
     return buffer, ranges

@@ -10,14 +10,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from cluster._family import is_cupy
+from cluster._family import is_cupy, stage, to_array
 from cluster.collectives import _packing
-from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives.arena import ArenaLayout
@@ -219,17 +218,36 @@ class CollectiveGroup:
 
         One collective. Every rank gets identical bytes, though a result may differ in the last
         bits from an ``all_reduce`` of that value alone (its pack may use another algorithm).
-        Results may be views of one shared buffer (disjoint ones).
+        Values may mix families (:mod:`cluster._family`); each result is in its value's. NumPy
+        results of fused values are views of one shared buffer (disjoint ones); a value that
+        travels alone is reduced without packing, into a fresh buffer. CuPy values take the
+        device route where ``all_reduce`` would (NCCL among the host's GPUs), else the host path.
+        Results are the caller's: no later call writes them.
         """
         with self._collective("all_reduce_many", options) as call:
             op = ReduceOp.parse(op)
             if isinstance(values, str | bytes) or not isinstance(values, Sequence):
                 raise TypeError(f"all_reduce_many takes a list of values, got {values!r}")
-            staged = [stage(v, "all_reduce_many") for v in values]
-            for s in staged:
-                check_reducible(s.array.dtype, "all_reduce_many")
-            results = self._all_reduce_many_impl(call, [s.array for s in staged], op)
-            return [s.restore(r) for s, r in zip(staged, results, strict=True)]
+            route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
+            # CuPy values stay on their GPU where NCCL may carry them (the device route).
+            on_device = route is not Route.NETWORK and self._shm is not None
+            arrays: list[Any] = []
+            owned: list[bool] = []
+            restores: list[Callable[[Any], Any]] = []
+            for value in values:
+                if on_device and is_cupy(value):
+                    array, restore = to_array(value, "all_reduce_many")
+                    arrays.append(array)
+                    owned.append(False)
+                    restores.append(restore)
+                else:
+                    staged = stage(value, "all_reduce_many")
+                    arrays.append(staged.array)
+                    owned.append(staged.owned)
+                    restores.append(staged.restore)
+                check_reducible(arrays[-1].dtype, "all_reduce_many")
+            results = self._all_reduce_many_impl(call, route, arrays, owned, op)
+            return [restore(r) for restore, r in zip(restores, results, strict=True)]
 
     def all_gather(
         self, value: Any, axis: int = 0, *, options: CommunicationOptions | None = None
@@ -314,15 +332,16 @@ class CollectiveGroup:
         return work.reshape(array.shape)
 
     def _all_reduce_many_impl(
-        self, call: Call, arrays: list[np.ndarray], op: ReduceOp
-    ) -> list[np.ndarray]:
-        plan = _packing.plan_packs(
-            [(a.dtype, a.nbytes) for a in arrays], call.options.bytes_per_pack
+        self, call: Call, route: Route, arrays: list[Any], owned: list[bool], op: ReduceOp
+    ) -> list[Any]:
+        host = [i for i, a in enumerate(arrays) if not is_cupy(a)]
+        packs = _packing.plan_packs(
+            [(arrays[i].dtype, arrays[i].nbytes) for i in host], call.options.bytes_per_pack
         )
-        route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
+        plan = [[host[j] for j in pack] for pack in packs]  # indices into ``arrays``
         if route is not Route.NETWORK:
-            return self._host_path().all_reduce_many(call, route, arrays, plan, op)
-        return self._network.all_reduce_many(call, arrays, plan, op)
+            return self._host_path().all_reduce_many(call, route, arrays, owned, plan, op)
+        return self._network.all_reduce_many(call, arrays, owned, plan, op)
 
     def _all_gather_impl(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         if self.world_size == 1:

@@ -23,14 +23,13 @@ Every method takes the group's :class:`Call` and computes; arguments are validat
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from cluster._family import is_cupy, on_device_of, stage, to_host
 from cluster.collectives import _packing
-from cluster.collectives._arrays import stage
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call
 from cluster.collectives._packing import spec
@@ -94,23 +93,36 @@ class HostCollectives:
         self._reduce(call, route, signature, work if source is None else source, work, op)
         return work
 
-    def all_reduce_many(self, call: Call, route: Route, arrays: list[np.ndarray],
-                        plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
-        """``op`` of each array, packed as ``plan`` says; results are views of the packs."""
+    def all_reduce_many(self, call: Call, route: Route, arrays: list[Any], owned: list[bool],
+                        plan: list[list[int]], op: ReduceOp) -> list[Any]:
+        """``op`` of each value, in one collective: NumPy arrays packed as ``plan`` says (lists
+        of indices of NumPy ``arrays``; results are views of the packs), a pack of one array
+        reduced without packing (in place when ``owned[i]``), and each CuPy array through NCCL
+        among the host's GPUs as :meth:`device_all_reduce` does (CuPy results, on their GPU)."""
         signature = (
             f"all_reduce_many {op.value} {_packing.describe(arrays)} "
             f"pack={call.options.bytes_per_pack} {self.config(route)}"
         )
         if route is Route.HIER:
             self._network.handshake(call, signature)
-        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        results: list[Any] = [np.empty(0)] * len(arrays)
         for indices in plan:
+            if len(indices) == 1:
+                i = indices[0]
+                work, source = self._buffers.output_for(arrays[i], owned[i])
+                self._reduce(call, route, signature, work if source is None else source, work,
+                             op)
+                results[i] = work.reshape(arrays[i].shape)
+                continue
             members = [arrays[i] for i in indices]
-            buffer, ranges = _packing.pack(members)
+            buffer, ranges = _packing.pack(members, self._buffers.empty)
             self._reduce(call, route, signature, buffer, buffer, op)
             views = _packing.unpack(buffer, ranges, [a.shape for a in members])
             for i, view in zip(indices, views, strict=True):
                 results[i] = view
+        for i, value in enumerate(arrays):
+            if is_cupy(value):  # the device route
+                results[i] = self._device_reduce(call, route, signature, value, op)
         return results
 
     def device_all_reduce(self, call: Call, route: Route, value: Any, op: ReduceOp) -> Any:
@@ -118,10 +130,15 @@ class HostCollectives:
         the host boundary (the leader's copy that crosses the network). Without NCCL on every
         local rank, or with two ranks on one GPU, the host path under the same signature."""
         check_reducible(value.dtype, "all_reduce")
-        assert self.shm is not None
         signature = f"all_reduce {op.value} {spec(value)} device/{self.config(route)}"
         if route is Route.HIER:
             self._network.handshake(call, signature)
+        return self._device_reduce(call, route, signature, value, op)
+
+    def _device_reduce(self, call: Call, route: Route, signature: str, value: Any,
+                       op: ReduceOp) -> Any:
+        """One CuPy value of a collective whose handshake is done: NCCL, or the host path."""
+        assert self.shm is not None
         if self._nccl is None:
             self._nccl = HostNccl(self.shm, timeout_seconds=call.options.deadline_seconds)
         if not self._nccl.ready(call.seq, signature, value.device.id, call.deadline):
@@ -134,10 +151,9 @@ class HostCollectives:
         inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
         total = self._nccl.all_reduce(value, inner)
         if self._across_leaders is not None:  # the host boundary: one copy out, one back in
-            host = total.get().reshape(-1)
+            host = to_host(total).reshape(-1)
             self._across_leaders(call, host, op)
-            with total.device:
-                total = sys.modules["cupy"].asarray(host.reshape(value.shape))
+            total = on_device_of(total, host.reshape(value.shape))
         return self._nccl.broadcast(total, 0)
 
     def _reduce(self, call: Call, route: Route, signature: str, src: np.ndarray,

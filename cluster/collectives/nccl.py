@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.collectives.ops import ReduceOp
+from cluster.collectives.ops import ReduceOp, finalize
 from cluster.errors import CollectiveAbortedError, CollectiveTimeoutError
 
 __all__ = [
@@ -172,26 +172,6 @@ def nccl_op(nccl: Any, op: ReduceOp | str) -> int:
     Raises ``ValueError`` for an unknown op name, ``TypeError`` for a non-op.
     """
     return int(getattr(nccl, _REDUCE_OPS[ReduceOp.parse(op)]))
-
-
-def _divide_mean(xp: Any, acc: Any, count: int) -> None:
-    """``acc /= count`` in place, in ``acc``'s dtype: :func:`cluster.collectives.ops.finalize`.
-
-    Integers truncate toward zero, as ``finalize`` does, computed with exact integer ufuncs only
-    (CuPy's integer ``fmod`` goes through ``double`` and would be inexact beyond 2**53): the floor
-    quotient is one too small exactly when ``acc`` is negative and not a multiple of ``count``;
-    ``quotient * count`` lies between ``acc`` and zero, so nothing overflows. ``xp`` is ``cupy``
-    (or ``numpy`` in tests); the kernels run on the current stream.
-    """
-    if count == 1:
-        return
-    n = acc.dtype.type(count)
-    if np.issubdtype(acc.dtype, np.integer):
-        quotient = xp.floor_divide(acc, n)
-        low = xp.logical_and(xp.less(acc, 0), xp.not_equal(xp.multiply(quotient, n), acc))
-        xp.add(quotient, low.astype(acc.dtype), out=acc)
-    else:
-        xp.true_divide(acc, n, out=acc)
 
 
 # -- communicators ---------------------------------------------------------------------------
@@ -369,7 +349,7 @@ def _all_reduce(comms: Sequence[NcclComm], arrays: Sequence[Any], op: ReduceOp |
 
     def finish(out: Any) -> None:
         if op is ReduceOp.MEAN:
-            _divide_mean(comms[0]._cupy, out, comms[0].size)
+            finalize(op, out, comms[0].size)  # on the GPU, enqueued after NCCL's SUM
 
     return _run(comms, arrays, what, lambda a: a.shape, launch, finish)
 

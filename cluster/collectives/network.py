@@ -117,11 +117,12 @@ class NetworkCollectives:
         ex.end()
         return work
 
-    def all_reduce_many(self, call: Call, arrays: list[np.ndarray], plan: list[list[int]],
-                        op: ReduceOp) -> list[np.ndarray]:
+    def all_reduce_many(self, call: Call, arrays: list[np.ndarray], owned: list[bool],
+                        plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
         """``op`` of each array, packed as ``plan`` says (lists of indices into ``arrays``), in
-        one exchange; each pack picks its algorithm by its size. Results are views of the
-        packs. With one rank, only packs and unpacks."""
+        one exchange; each pack picks its algorithm by its size. A pack of one array is reduced
+        without packing (in place when ``owned[i]``, else the ring reads it where it lies);
+        other results are views of their pack. With one rank, only packs and unpacks."""
         ex = None
         if self.world_size > 1:
             signature = (
@@ -132,8 +133,13 @@ class NetworkCollectives:
         results: list[np.ndarray] = [np.empty(0)] * len(arrays)
         step = 0
         for indices in plan:
+            if len(indices) == 1:
+                i = indices[0]
+                work, step = self._reduce_one(ex, call, arrays[i], owned[i], op, step)
+                results[i] = work.reshape(arrays[i].shape)
+                continue
             members = [arrays[i] for i in indices]
-            buffer, ranges = _packing.pack(members)
+            buffer, ranges = _packing.pack(members, self._buffers.empty)
             if ex is not None:
                 algorithm = self.algorithm(buffer.nbytes, call.options)
                 step = self._reduce(ex, buffer, op, algorithm, first_step=step)
@@ -143,6 +149,19 @@ class NetworkCollectives:
         if ex is not None:
             ex.end()
         return results
+
+    def _reduce_one(self, ex: Exchange | None, call: Call, array: np.ndarray, owned: bool,
+                    op: ReduceOp, step: int) -> tuple[np.ndarray, int]:
+        """A lone array of ``all_reduce_many``: flat result and the exchange's next step."""
+        if ex is None:
+            return working_copy(array, owned), step
+        algorithm = self.algorithm(array.nbytes, call.options)
+        if not algorithm.startswith("ring"):
+            work = working_copy(array, owned)
+            return work, _LATENCY_BOUND[algorithm](ex, work, op, step)
+        work, source = self._buffers.output_for(array, owned)
+        bounds = segments(work.size, self.world_size)
+        return work, ring.all_reduce(ex, work, bounds, op, self._chunk, step, source=source)
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+
+from cluster._family import xp_of
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -110,18 +113,30 @@ def combine_into(op: ReduceOp, out: np.ndarray, mine: np.ndarray, other: np.ndar
     _BINARY[op](mine, other, out=out)
 
 
-def finalize(op: ReduceOp, acc: np.ndarray, count: int) -> None:
+def finalize(op: ReduceOp, acc: Any, count: int | float) -> None:
     """Apply the op's final step in place: ``MEAN`` divides by ``count``; the others do nothing.
 
+    The one place MEAN is finished, for every array family: NumPy here, CuPy on the GPU
+    (``acc`` on the current stream; NCCL's MEAN, and strategies' for floating values).
     Integers are divided with truncation toward zero (TensorFlow's ``Div``), computed exactly in
-    the integer dtype: ``acc - fmod(acc, count)`` is a multiple of ``count`` and no farther
-    from zero than ``acc``, so neither step can overflow.
+    the integer dtype: for NumPy, ``acc - fmod(acc, count)`` is a multiple of ``count`` and no
+    farther from zero than ``acc``, so neither step can overflow; for CuPy (whose integer
+    ``fmod`` goes through ``double``, inexact beyond 2**53), the floor quotient is one too small
+    exactly when ``acc`` is negative and not a multiple of ``count``, and ``quotient * count``
+    lies between ``acc`` and zero.
     """
     if op is not ReduceOp.MEAN or count == 1:
         return
+    xp = xp_of(acc)
     if np.issubdtype(acc.dtype, np.integer):
-        remainder = np.fmod(acc, count)
-        np.subtract(acc, remainder, out=acc)
-        np.floor_divide(acc, count, out=acc)
+        n = acc.dtype.type(count)
+        if xp is np:
+            remainder = np.fmod(acc, n)
+            np.subtract(acc, remainder, out=acc)
+            np.floor_divide(acc, n, out=acc)
+            return
+        quotient = xp.floor_divide(acc, n)
+        low = xp.logical_and(xp.less(acc, 0), xp.not_equal(xp.multiply(quotient, n), acc))
+        xp.add(quotient, low.astype(acc.dtype), out=acc)
     else:
-        np.true_divide(acc, acc.dtype.type(count), out=acc)
+        xp.true_divide(acc, acc.dtype.type(count), out=acc)

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import restore_for, to_array, xp_of
+from cluster._family import is_cupy, restore_for, to_array, xp_of
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
-from cluster.cross_device_ops import CrossDeviceOps
+from cluster.cross_device_ops import CrossDeviceOps, finish_mean
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
 from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
@@ -167,9 +167,29 @@ class StrategyExtended:
         out = []
         for leaf, per_replica in zip(leaves, reduced, strict=True):
             restore = restore_for(_first(leaf))
-            copies = [restore(self._place(i, r)) for i, r in enumerate(per_replica)]
-            out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
+            results = [restore(r) for r in self._hand_out(per_replica)]
+            out.append(Mirrored(results) if len(results) > 1 else results[0])
         return _nest.pack_sequence_as(value, out)
+
+    def _hand_out(self, per_replica: Sequence[Any]) -> list[Any]:
+        """The ops' fresh results (see ``CrossDeviceOps.batch_reduce_components``), one array of
+        its own per local replica: a result is given out as is to the first replica on its
+        device; repeats (one array serving several replicas) and results on another device are
+        copied, once per replica's device."""
+        given: set[int] = set()
+        out = []
+        for i, r in enumerate(per_replica):
+            if id(r) in given or not self._on_device(i, r):
+                r = self._place(i, r)
+            given.add(id(r))
+            out.append(r)
+        return out
+
+    def _on_device(self, index: int, array: Any) -> bool:
+        device = self._devices[index]
+        if device.is_gpu:
+            return is_cupy(array) and array.device.id == device.index
+        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
 
     def _all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
         out = []
@@ -487,12 +507,12 @@ class Strategy:
             if kind == "as_is":
                 out.append(_first(leaf))
                 continue
-            total = reduced[index][0]
+            total = reduced[index][0]  # fresh: the caller's to keep (no copy)
             if kind == "axis" and op is ReduceOp.MEAN:
-                total = total / float(_host(reduced[index + 1][0]))
-            elif op is ReduceOp.MEAN:
-                total = total / self.num_replicas_in_sync
-            out.append(restore_for(_first(leaf))(_copy(total)))
+                total = finish_mean(op, total, float(_host(reduced[index + 1][0])))
+            else:
+                total = finish_mean(op, total, self.num_replicas_in_sync)
+            out.append(restore_for(_first(leaf))(total))
         return _nest.pack_sequence_as(value, out)
 
     def gather(self, value: Any, axis: int) -> Any:
@@ -541,7 +561,4 @@ def _host(array: Any) -> np.ndarray:
     return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
         else np.asarray(array)
 
-
-def _copy(array: Any) -> Any:
-    return array.copy() if hasattr(array, "copy") else array
 

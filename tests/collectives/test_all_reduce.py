@@ -149,8 +149,9 @@ def test_python_and_numpy_scalars_come_back_as_numpy_scalars() -> None:
 
     results = run_ranks(body, 2)
     for out in results:
-        assert out[0] == 3.0 and type(out[0]) is np.float64
-        assert out[1] == 3 and type(out[1]) is np.int64
+        # Python values take TensorFlow's dtypes (float32, int32), as in tf.distribute
+        assert out[0] == 3.0 and type(out[0]) is np.float32
+        assert out[1] == 3 and type(out[1]) is np.int32
         assert out[2] == 2.0 and type(out[2]) is np.float32
 
 

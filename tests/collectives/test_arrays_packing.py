@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from cluster._family import stage
 from cluster.collectives import ReduceOp
-from cluster.collectives._arrays import stage
 from cluster.collectives._packing import describe, pack, plan_packs, unpack
 
 from ._threads import make_groups, run_ranks
@@ -27,8 +27,8 @@ def test_numpy_arrays_are_staged_without_a_copy() -> None:
 @pytest.mark.parametrize(
     ("value", "dtype", "back"),
     [
-        (1.5, "float64", np.float64),
-        (3, "int64", np.int64),
+        (1.5, "float32", np.float32),  # TensorFlow's rule (tf.convert_to_tensor), everywhere
+        (3, "int32", np.int32),
         (np.float32(2), "float32", np.float32),
         (np.int32(7), "int32", np.int32),
     ],
@@ -39,10 +39,16 @@ def test_scalars_become_owned_0d_arrays_and_come_back_as_numpy_scalars(value, dt
     assert type(staged.restore(staged.array)) is back
 
 
-@pytest.mark.parametrize("value", [[1, 2], True, "x", None, b"ab"])
+@pytest.mark.parametrize("value", ["x", None, b"ab", object()])
 def test_other_values_are_a_type_error_naming_the_families(value: object) -> None:
-    with pytest.raises(TypeError, match=r"supported: numpy.ndarray, NumPy scalars.*np.asarray"):
+    with pytest.raises(TypeError, match=r"all_reduce got .*supported: NumPy arrays.*np.asarray"):
         stage(value, "all_reduce")
+
+
+def test_lists_and_bools_are_staged_with_tensorflows_dtypes() -> None:
+    staged = stage([1.0, 2.0])
+    assert staged.owned and staged.array.dtype == np.float32 and staged.array.tolist() == [1, 2]
+    assert stage(True).array.dtype == np.bool_
 
 
 class _FakeCupyArray:

@@ -271,5 +271,7 @@ def test_reduce_op_strings_and_errors() -> None:
     assert groups[0].all_reduce(np.ones(2), "mean").tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="unknown reduce op 'PROD'"):
         groups[0].all_reduce(np.ones(2), "PROD")
-    with pytest.raises(TypeError):
-        groups[0].all_reduce([1, 2], ReduceOp.SUM)  # lists are not an array family
+    with pytest.raises(TypeError, match="all_reduce got a value of type builtins.str"):
+        groups[0].all_reduce("12", ReduceOp.SUM)  # text is no array family
+    # lists convert as tf.convert_to_tensor does (int32), the one rule of cluster._family
+    assert groups[0].all_reduce([1, 2], ReduceOp.SUM).dtype == np.int32

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.collectives import nccl as ncclmod
 from cluster.collectives.nccl import (
     NcclComm,
     all_gather_devices,
@@ -186,7 +185,9 @@ def test_unknown_ops_are_refused() -> None:
 
 @pytest.mark.parametrize("dtype", ["int32", "int64", "float16", "float32", "float64"])
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
-def test_mean_division_matches_finalize(dtype: str, count: int) -> None:
+def test_mean_division_on_the_gpu_matches_the_host(fake: FakeCuda, dtype: str,
+                                                  count: int) -> None:
+    """``finalize``'s CuPy branch (exact integer ufuncs only) gives the NumPy branch's bytes."""
     rng = np.random.default_rng(count)
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
@@ -194,10 +195,10 @@ def test_mean_division_matches_finalize(dtype: str, count: int) -> None:
                                  np.array([info.min, info.max, -5, 5, -1, 0, -7, 7], dtype)])
     else:
         values = (rng.standard_normal(200) * 1000).astype(dtype)
-    ours, theirs = values.copy(), values.copy()
-    ncclmod._divide_mean(np, ours, count)
+    ours, theirs = fake.array(values, device=0), values.copy()
+    finalize(ReduceOp.MEAN, ours, count)  # a CuPy array: the GPU branch
     finalize(ReduceOp.MEAN, theirs, count)
-    assert ours.dtype == np.dtype(dtype) and ours.tobytes() == theirs.tobytes()
+    assert ours.dtype == np.dtype(dtype) and host(ours).tobytes() == theirs.tobytes()
 
 
 # -- several GPUs of one process (fake) ------------------------------------------------------

@@ -156,9 +156,9 @@ def test_all_reduce_many_returns_scalars_for_scalars_and_handles_an_empty_list()
     )
     for many, empty in results:
         assert many == [1.0, 2.0, 2] and [type(v) for v in many] == [
-            np.float64,
+            np.float32,  # a Python float: float32, as tf.convert_to_tensor
             np.float32,
-            np.int64,
+            np.int32,
         ]
         assert empty == []
 
