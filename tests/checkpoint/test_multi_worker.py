@@ -60,6 +60,7 @@ def _save_and_restore(transport, directory: str):
                     and float(total2.result()) == saved["total"]
                     and opt2.iterations == saved["iterations"])
     out["total"] = saved["total"]
+    out["w"], out["m"] = saved["w"].tolist(), saved["m"].tolist()
 
     if transport.rank == 0:  # the chief's write fails: every task must raise, none hang
         def broken(*args, **kwargs):
@@ -87,3 +88,46 @@ def test_every_task_saves_the_chief_writes_every_task_restores(tmp_path):
         assert r["total"] == 3 * 4  # 3 steps x 4 replicas, restored exactly on every task
     assert [o.result["failure"] for o in outcomes] == ["OSError", "PeerFailedError"]
     assert not [e for e in os.listdir(tmp_path) if e.startswith(".")]
+
+
+def _restore_on(transport, directory: str, replicas: int):
+    import cluster
+    from cluster.checkpoint import Checkpoint, CheckpointManager
+    from cluster.metrics import Sum
+    from cluster.optimizers import Adam
+    from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+    strategy = MultiWorkerMirroredStrategy._from_transport(
+        transport, devices=[f"/cpu:{i}" for i in range(replicas)],
+        communication_options=cluster.CommunicationOptions(timeout_seconds=30))
+    with strategy.scope():
+        w = cluster.Variable(np.zeros(4, np.float32), name="w")
+        total = Sum()
+    opt = Adam(0.1)
+    path = CheckpointManager(Checkpoint(model=[w], optimizer=opt, metric=total),
+                             directory).restore_or_initialize()
+    return {"restored": os.path.basename(path),
+            "w": [c.numpy().tolist() for c in w.values],
+            "m": [c.numpy().tolist() for c in opt.get_slot(w, "m").values],
+            "total": float(total.result()), "iterations": int(opt.iterations)}
+
+
+@pytest.mark.parametrize(("workers", "replicas"), [(3, 1), (1, 3)])
+def test_a_checkpoint_of_2_workers_restores_on_another_number_of_workers(tmp_path, workers,
+                                                                         replicas):
+    saved = run_group(_save_and_restore, 2, args=(os.fspath(tmp_path),), timeout=100)
+    assert all(o.ok for o in saved), [(o.error_type, o.error) for o in saved]
+    outcomes = run_group(_restore_on, workers, args=(os.fspath(tmp_path), replicas),
+                         timeout=100)
+    assert all(o.ok for o in outcomes), [(o.error_type, o.error, o.traceback) for o in outcomes]
+    chief = saved[0].result
+    for o in outcomes:
+        r = o.result
+        assert r["restored"] == "ckpt-3"
+        assert r["iterations"] == 3
+        # Every replica of every worker holds the saved values (2 workers x 2 replicas -> M).
+        assert len(r["w"]) == replicas and len({tuple(c) for c in r["w"]}) == 1
+        assert len(r["m"]) == replicas and len({tuple(c) for c in r["m"]}) == 1
+        # The SUM metric's aggregate over every replica of every worker is the saved one.
+        assert r["total"] == chief["total"] == 12.0
+        assert r["w"][0] == chief["w"] and r["m"][0] == chief["m"]
