@@ -202,7 +202,8 @@ def _entries(data: Buffer, what: str) -> tuple[list[tuple[str, int, np.ndarray]]
 def decode_pull_reply(data: Buffer) -> list[tuple[str, int, np.ndarray]]:
     """``[(name, version, array)]`` of a serialized ``PullReply``; the arrays are read-only
     views of ``data``. Raises ``ValueError`` for a malformed message."""
-    values, _ = _entries(data, "PullReply")  # it has no other field: the rest is unknown
+    values, rest = _entries(data, "PullReply")
+    _parse_header(ps_pb2.PullReply, rest, "PullReply")  # unknown fields: valid ones, ignored
     return values
 
 

@@ -54,7 +54,8 @@ def check_array(array: np.ndarray, what: str) -> tuple[np.ndarray, int]:
     if array.nbytes > MAX_TENSOR_BYTES:
         raise ValueError(f"{what}: {array.nbytes} bytes exceed the {MAX_TENSOR_BYTES} bytes one "
                          "message carries; shard the variable (MaxSizePartitioner)")
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")), wire
+    # not ascontiguousarray: it makes a 0-d array 1-d
+    return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C"), wire
 
 
 def to_chunk(array: np.ndarray, what: str) -> tensor_pb2.TensorChunk:
