@@ -105,35 +105,61 @@ def test_merged_and_unknown_fields_mean_what_they_mean_to_protobuf() -> None:
     assert _same(decode_pull_reply(message), want)
 
 
-def _message(draw_values) -> bytes:
-    return b"".join(encode_value_entry(*v) for v in draw_values)
-
-
 values_st = st.lists(st.tuples(
     st.text(max_size=5), st.integers(0, 2**64 - 1),
     st.sampled_from(ARRAYS[:5])), min_size=0, max_size=3)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(values=values_st, cut=st.integers(0, 10_000),
+def _pull_message(values) -> bytes:
+    return b"".join(encode_value_entry(*v) for v in values)
+
+
+def _push_message(values) -> bytes:
+    header = ps_pb2.PushRequest(step=3, num_contributors=2, contributor=1)
+    return encode_push_request({name: array for name, _, array in values}, header)
+
+
+def _decode_push(data: bytes) -> list:
+    header, grads = decode_push_request(data)
+    return [header] + [(name, 0, array) for name, array in grads]
+
+
+def _pb_push(data: bytes) -> list:
+    message = ps_pb2.PushRequest.FromString(data)
+    header = ps_pb2.PushRequest()
+    header.CopyFrom(message)
+    del header.gradients[:]
+    return [header] + _pb_values(message)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["pull", "push"]), values=values_st, cut=st.integers(0, 10_000),
        edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
        tail=st.binary(max_size=16))
-def test_mangled_messages_raise_value_error_or_agree_with_protobuf(values, cut, edits,
+def test_mangled_messages_raise_value_error_or_agree_with_protobuf(kind, values, cut, edits,
                                                                   tail) -> None:
-    data = bytearray(_message(values))
+    build, decode, oracle = {
+        "pull": (_pull_message, decode_pull_reply,
+                 lambda d: _pb_values(ps_pb2.PullReply.FromString(d))),
+        "push": (_push_message, _decode_push, _pb_push)}[kind]
+    data = bytearray(build(values))
     for pos, byte in edits:
         if data:
             data[pos % len(data)] = byte
     data = bytes(data[:cut % (len(data) + 1)] + tail if edits or tail else data)
     try:
-        got = decode_pull_reply(data)
+        got = decode(data)
     except ValueError:
+        assert edits or tail, "an untouched message was refused"
         return  # refused: what a servicer answers INVALID_ARGUMENT
     # Accepted: then protobuf reads the same message the same way.
     try:
-        want = _pb_values(ps_pb2.PullReply.FromString(data))
+        want = oracle(data)
     except (DecodeError, ValueError) as e:
         pytest.fail(f"codec accepted {data!r}, which protobuf refuses: {e}")
+    if kind == "push":
+        assert got[0] == want[0]
+        got, want = got[1:], want[1:]
     assert _same(got, want)
 
 
