@@ -1,10 +1,12 @@
 """The ``ParameterServer`` gRPC service of a ``ps`` task: :class:`VariableStore` on the wire.
 
 Requests are authenticated by the task server's token interceptor before any byte reaches these
-handlers. Tensors are decoded with ``np.frombuffer`` (never pickle). A store error is answered
-with its status code and its type name in trailing metadata, a malformed request with
-INVALID_ARGUMENT (both decided by ``cluster.transport._grpc_errors``); the server keeps serving
-either way.
+handlers. Tensors are decoded with ``np.frombuffer`` (never pickle); the two messages that carry
+a step's tensors, ``PullReply`` and ``PushRequest``, are written and parsed by
+``cluster.transport._ps_codec`` around the raw bytes (same wire format, fewer copies). A store
+error is answered with its status code and its type name in trailing metadata, a malformed
+request with INVALID_ARGUMENT (both decided by ``cluster.transport._grpc_errors``); the server
+keeps serving either way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
 from cluster.transport._grpc_errors import abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
+from cluster.transport._ps_codec import decode_push_request, encode_value_entry
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.ps_client import SERVICE, optimizer_from_proto, optimizer_to_proto
 from cluster.transport.server import TaskServer
@@ -38,16 +41,20 @@ class PsService:
         server.add_handlers(SERVICE, self.handlers())
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        # A type of None: the handler takes (or returns) the serialized bytes and parses (or
+        # writes) them with _ps_codec, so a malformed push is answered INVALID_ARGUMENT by
+        # _guard (gRPC would answer a failing deserializer INTERNAL) and tensors skip protobuf.
         def unary(fn, request_type, reply_type):
             return grpc.unary_unary_rpc_method_handler(
-                self._guard(fn), request_deserializer=request_type.FromString,
-                response_serializer=reply_type.SerializeToString)
+                self._guard(fn),
+                request_deserializer=request_type and request_type.FromString,
+                response_serializer=reply_type and reply_type.SerializeToString)
 
         return {
             "CreateVariable": unary(self._create, ps_pb2.CreateVariableRequest,
                                     ps_pb2.CreateVariableReply),
-            "Pull": unary(self._pull, ps_pb2.PullRequest, ps_pb2.PullReply),
-            "Push": unary(self._push, ps_pb2.PushRequest, ps_pb2.PushReply),
+            "Pull": unary(self._pull, ps_pb2.PullRequest, None),
+            "Push": unary(self._push, None, ps_pb2.PushReply),
             "Assign": unary(self._assign, ps_pb2.AssignRequest, ps_pb2.AssignReply),
             "ReadSlots": unary(self._read_slots, ps_pb2.ReadSlotsRequest,
                                ps_pb2.ReadSlotsReply),
@@ -73,20 +80,20 @@ class PsService:
                                     exist_ok=request.exist_ok)
         return ps_pb2.CreateVariableReply(version=version)
 
-    def _pull(self, request, context):
+    def _pull(self, request, context) -> bytes:
         newer_than = list(request.newer_than) or None
-        reply = ps_pb2.PullReply()
-        for p in self.store.pull(list(request.names), newer_than):
-            value = reply.values.add(name=p.name, version=p.version)
-            fill_chunk(value.value, p.value, f"variable {p.name}")  # in place: no nested copy
-        return reply
+        # Each value is copied once, under its lock, straight into its serialized entry; a
+        # reply of one variable (one per ps in a sharded step) is that entry, not copied again.
+        entries = self.store.pull_with(list(request.names), newer_than, encode_value_entry)
+        return entries[0] if len(entries) == 1 else b"".join(entries)
 
-    def _push(self, request, context):
+    def _push(self, data: bytes, context):
+        request, gradients = decode_push_request(data)  # views of data: no copy
         grads = {}
-        for g in request.gradients:
-            if g.name in grads:
-                raise ValueError(f"push: two gradients for variable {g.name}")
-            grads[g.name] = from_chunk(g.value, f"gradient of {g.name}")
+        for name, grad in gradients:
+            if name in grads:
+                raise ValueError(f"push: two gradients for variable {name}")
+            grads[name] = grad
         remaining = context.time_remaining()
         deadline = None if remaining is None else Deadline.after(
             max(0.0, remaining - _REPLY_MARGIN))

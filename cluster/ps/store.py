@@ -7,7 +7,8 @@ synchronous accumulator lives in :mod:`cluster.ps._sync_accumulator`.
   optional :class:`OptimizerSpec`; its slots (momentum, Adam's ``m``/``v``) live next to it. A
   variable created without one adopts the optimizer of the first push that names one (as in
   Keras, the model's variables exist before the optimizer); it can never change afterwards.
-- :meth:`~VariableStore.pull` copies of values with their versions.
+- :meth:`~VariableStore.pull` copies of values with their versions (``pull_with``: copies made
+  by the caller, for a servicer that encodes them for the wire in that one copy).
 - :meth:`~VariableStore.push` gradients. Asynchronous mode (``num_contributors=1``): the optimizer
   is applied at once, per variable. Synchronous mode (``num_contributors=N > 1``, like TF1's
   ``SyncReplicasOptimizer``): the gradients of step ``step`` are accumulated until ``N``
@@ -33,9 +34,9 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -51,6 +52,8 @@ from cluster.ps._sync_accumulator import Pending, SyncAccumulator
 __all__ = ["SYNC_WAIT_SECONDS", "AssignMode", "OptimizerSpec", "Pulled", "VariableStore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How long a synchronous push waits for its step when the caller gives no deadline.
 SYNC_WAIT_SECONDS = 300.0
@@ -288,6 +291,17 @@ class VariableStore:
         ``newer_than`` (one version for all, or one per name; ``None`` or 0: always) leaves out
         a variable whose version is not newer. Raises :class:`VariableNotFoundError`.
         """
+        return self.pull_with(names, newer_than,
+                              lambda name, version, value: Pulled(name, version, value.copy()))
+
+    def pull_with(self, names: Iterable[str], newer_than: int | Sequence[int] | None,
+                  read: Callable[[str, int, np.ndarray], T]) -> list[T]:
+        """:meth:`pull`, with ``read(name, version, value)`` making what leaves the store.
+
+        ``read`` runs under the variable's lock with the live value: it must copy what it keeps
+        (a servicer encodes the value straight into its reply, one copy instead of two) and must
+        not call the store. Its results are returned in the order asked.
+        """
         names = list(names)
         if newer_than is None or isinstance(newer_than, (int, np.integer)):
             thresholds = [int(newer_than or 0)] * len(names)
@@ -301,7 +315,7 @@ class VariableStore:
         for var, threshold in zip(variables, thresholds, strict=True):
             with var.lock:
                 if var.version > threshold:
-                    out.append(Pulled(var.name, var.version, var.value.copy()))
+                    out.append(read(var.name, var.version, var.value))
         return out
 
     # ---- assign ---------------------------------------------------------------------------

@@ -9,14 +9,15 @@ variables must be sharded with a partitioner (``MaxSizePartitioner``), as TF adv
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from cluster import errors
 from cluster.transport._pb import tensor_pb2
 
-__all__ = ["ERROR_KEY", "MAX_TENSOR_BYTES", "STORE_ERRORS", "fill_chunk", "from_chunk",
-           "to_chunk"]
+__all__ = ["ERROR_KEY", "MAX_TENSOR_BYTES", "STORE_ERRORS", "check_array", "fill_chunk",
+           "from_chunk", "to_array", "to_chunk"]
 
 MAX_TENSOR_BYTES = (2 << 30) - (64 << 20)
 
@@ -41,17 +42,10 @@ _TO_WIRE = {
 _FROM_WIRE = {v: k.newbyteorder("<") for k, v in _TO_WIRE.items()}
 
 
-def to_chunk(array: np.ndarray, what: str) -> tensor_pb2.TensorChunk:
-    """``array`` as one TensorChunk. Raises ``TypeError`` for a dtype the wire cannot carry and
+def check_array(array: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+    """``(array, wire dtype)``: ``array`` as C-order little-endian (a view when it already is)
+    and its dtype's wire number. Raises ``TypeError`` for a dtype the wire cannot carry and
     ``ValueError`` above :data:`MAX_TENSOR_BYTES`; ``what`` names the tensor in messages."""
-    chunk = tensor_pb2.TensorChunk()
-    fill_chunk(chunk, array, what)
-    return chunk
-
-
-def fill_chunk(chunk: tensor_pb2.TensorChunk, array: np.ndarray, what: str) -> None:
-    """:func:`to_chunk` into ``chunk``, a field of a message being built: protobuf copies a
-    message passed to a parent's constructor, so large tensors are filled in place instead."""
     array = np.asarray(array)
     wire = _TO_WIRE.get(array.dtype.newbyteorder("="))
     if wire is None:
@@ -60,27 +54,53 @@ def fill_chunk(chunk: tensor_pb2.TensorChunk, array: np.ndarray, what: str) -> N
     if array.nbytes > MAX_TENSOR_BYTES:
         raise ValueError(f"{what}: {array.nbytes} bytes exceed the {MAX_TENSOR_BYTES} bytes one "
                          "message carries; shard the variable (MaxSizePartitioner)")
-    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    # not ascontiguousarray: it makes a 0-d array 1-d
+    return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C"), wire
+
+
+def to_chunk(array: np.ndarray, what: str) -> tensor_pb2.TensorChunk:
+    """``array`` as one TensorChunk; raises as :func:`check_array`."""
+    chunk = tensor_pb2.TensorChunk()
+    fill_chunk(chunk, array, what)
+    return chunk
+
+
+def fill_chunk(chunk: tensor_pb2.TensorChunk, array: np.ndarray, what: str) -> None:
+    """:func:`to_chunk` into ``chunk``, a field of a message being built: protobuf copies a
+    message passed to a parent's constructor, so large tensors are filled in place instead."""
+    array, wire = check_array(array, what)
     chunk.meta.dtype = wire
     chunk.meta.shape[:] = array.shape
     chunk.offset = 0
-    chunk.total_bytes = len(data)
-    chunk.data = data
+    chunk.total_bytes = array.nbytes
+    chunk.data = array.tobytes()
 
 
 def from_chunk(chunk: tensor_pb2.TensorChunk, what: str) -> np.ndarray:
     """The array ``chunk`` carries (a read-only view of its bytes, native byte order when that is
     little-endian). Raises ``ValueError`` naming ``what`` for a malformed or partial chunk."""
-    dtype = _FROM_WIRE.get(chunk.meta.dtype)
+    # each read of a bytes field copies it: read once
+    return to_array(chunk.meta.dtype, chunk.meta.shape, chunk.offset, chunk.total_bytes,
+                    chunk.data, what)
+
+
+def to_array(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: int,
+             data: bytes | memoryview, what: str) -> np.ndarray:
+    """The array a whole-tensor chunk of these fields describes: a read-only view of ``data``.
+
+    Checked before anything is made of it: a known dtype, no negative dimension, and
+    ``data``, ``total_bytes`` both exactly ``prod(shape) * itemsize`` at offset 0. Raises
+    ``ValueError`` naming ``what`` otherwise (chunked tensors are not supported).
+    """
+    dtype = _FROM_WIRE.get(dtype_number)
     if dtype is None:
-        raise ValueError(f"{what}: unsupported or missing dtype {chunk.meta.dtype}")
-    shape = tuple(chunk.meta.shape)
+        raise ValueError(f"{what}: unsupported or missing dtype {dtype_number}")
+    shape = tuple(shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"{what}: negative dimension in shape {shape}")
     expected = math.prod(shape) * dtype.itemsize
-    data = chunk.data  # each read of a bytes field copies it: read once
-    if chunk.offset != 0 or chunk.total_bytes != expected or len(data) != expected:
+    if offset != 0 or total_bytes != expected or len(data) != expected:
         raise ValueError(f"{what}: expected one chunk of {expected} bytes for shape {shape} "
-                         f"{dtype}, got offset {chunk.offset}, {len(data)} of "
-                         f"{chunk.total_bytes} bytes (chunked tensors are not supported)")
+                         f"{dtype}, got offset {offset}, {len(data)} of "
+                         f"{total_bytes} bytes (chunked tensors are not supported)")
     return np.frombuffer(data, dtype=dtype).reshape(shape)

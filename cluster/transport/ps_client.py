@@ -5,8 +5,9 @@ typed errors: the store's own (``VariableNotFoundError``, ``VariableExistsError`
 ``VariableMismatchError``, ``StaleStepError``, ``SyncTimeoutError``) as the server raised them,
 ``UnauthenticatedError`` for a wrong token, and ``PeerUnavailableError`` naming the task and its
 address when the task is dead, unreachable or too slow (translated by
-``cluster.transport._grpc_errors``). The gRPC edge of the ``ps`` package: the store and
-partitioners never import gRPC.
+``cluster.transport._grpc_errors``), and ``ValueError`` for a reply it cannot parse. The gRPC
+edge of the ``ps`` package: the store and partitioners never import gRPC. Pulls and pushes
+travel as ``cluster.transport._ps_codec`` writes them (protobuf's bytes, fewer copies).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
 from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import ps_pb2
+from cluster.transport._ps_codec import decode_pull_reply, encode_push_request
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
@@ -69,14 +71,15 @@ class PsClient:
         self._peer = PeerInfo(-1, task, address)
         self._token = token if isinstance(token, Token) else Token(token)
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # A type of None: bytes written or parsed here by _ps_codec (tensors skip protobuf).
         self._calls = {
             name: self._channel.unary_unary(
-                f"/{SERVICE}/{name}", request_serializer=req.SerializeToString,
-                response_deserializer=rep.FromString)
+                f"/{SERVICE}/{name}", request_serializer=req and req.SerializeToString,
+                response_deserializer=rep and rep.FromString)
             for name, req, rep in [
                 ("CreateVariable", ps_pb2.CreateVariableRequest, ps_pb2.CreateVariableReply),
-                ("Pull", ps_pb2.PullRequest, ps_pb2.PullReply),
-                ("Push", ps_pb2.PushRequest, ps_pb2.PushReply),
+                ("Pull", ps_pb2.PullRequest, None),
+                ("Push", None, ps_pb2.PushReply),
                 ("Assign", ps_pb2.AssignRequest, ps_pb2.AssignReply),
                 ("ReadSlots", ps_pb2.ReadSlotsRequest, ps_pb2.ReadSlotsReply),
                 ("WriteSlots", ps_pb2.WriteSlotsRequest, ps_pb2.WriteSlotsReply),
@@ -118,10 +121,15 @@ class PsClient:
         names = list(names)
         if newer_than is None or isinstance(newer_than, int):
             newer_than = [newer_than or 0] * len(names)
+        activity = f"pull of {len(names)} variables"
         reply = self._call("Pull", ps_pb2.PullRequest(names=names, newer_than=list(newer_than)),
-                           timeout, f"pull of {len(names)} variables")
-        return [Pulled(v.name, v.version, from_chunk(v.value, f"variable {v.name}"))
-                for v in reply.values]
+                           timeout, activity)
+        try:
+            values = decode_pull_reply(reply)  # views of the reply's bytes: no copy
+        except ValueError as e:
+            raise ValueError(f"{self.task} ({self.address}) sent a malformed reply to the "
+                             f"{activity}: {e}") from e
+        return [Pulled(*value) for value in values]
 
     def push(self, grads: Mapping[str, Any], *, step: int | None = None,
              num_contributors: int = 1, contributor: int | None = None, wait: bool = True,
@@ -138,12 +146,12 @@ class PsClient:
         if contributor is not None and not 0 <= contributor < num_contributors:
             raise ValueError(f"contributor must be an int in [0, {num_contributors}) "
                              f"(num_contributors={num_contributors}), got {contributor!r}")
-        request = ps_pb2.PushRequest(step=step or 0, num_contributors=num_contributors,
-                                     contributor=contributor, no_wait=not wait)
-        for n, g in grads.items():  # filled in place: a nested constructor copies the bytes
-            fill_chunk(request.gradients.add(name=n).value, np.asarray(g), f"gradient of {n}")
+        header = ps_pb2.PushRequest(step=step or 0, num_contributors=num_contributors,
+                                    contributor=contributor, no_wait=not wait)
         if optimizer is not None:
-            request.optimizer.CopyFrom(optimizer_to_proto(optimizer))
+            header.optimizer.CopyFrom(optimizer_to_proto(optimizer))
+        # Each gradient copied once, straight into the request's bytes.
+        request = encode_push_request({n: np.asarray(g) for n, g in grads.items()}, header)
         activity = (f"push of {len(grads)} gradients"
                     + (f" for step {step}" if step is not None else "")
                     + (f" by contributor {contributor}" if contributor is not None else ""))

@@ -63,6 +63,25 @@ def test_pull_newer_than_filters_per_name() -> None:
         store.pull(["w", "b"], newer_than=[0])
 
 
+def test_pull_with_reads_each_value_under_its_lock_in_the_order_asked() -> None:
+    store = _store()
+    store.create("b", np.zeros(2, F32))
+    store.assign("b", np.ones(2, F32))
+    seen = []
+
+    def read(name, version, value):
+        var = store._vars[name]
+        assert var.lock.locked()  # the live value, read while no update can run
+        seen.append(name)
+        return name, version, value.tobytes()
+
+    got = store.pull_with(["b", "w"], [0, 1], read)
+    assert got == [("b", 2, np.ones(2, F32).tobytes())] and seen == ["b"]
+    with pytest.raises(VariableNotFoundError):
+        store.pull_with(["w", "nope"], None, read)
+    assert seen == ["b"]  # every name checked before any value is read
+
+
 def test_create_twice() -> None:
     store = _store()
     assert store.create("w", np.zeros(3, F32), optimizer=OptimizerSpec.sgd(1.0),
