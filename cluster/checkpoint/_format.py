@@ -27,6 +27,8 @@ that one buffer.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -77,6 +79,31 @@ def _write_file(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_libc: Any = None
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap paths ``a`` and ``b`` atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``);
+    ``False`` when the system or the file system cannot (then nothing happened)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _libc = False
+    renameat2 = getattr(_libc, "renameat2", None) if _libc else None
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"renameat2({a!r}, {b!r}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
 def temporary_name(path: str) -> str:
     """A fresh temporary path beside ``path`` (same directory, so the rename is atomic)."""
     parent, base = os.path.split(os.path.abspath(path))
@@ -108,9 +135,12 @@ def write_checkpoint(path: str, tensors: Mapping[str, np.ndarray], *, step: int 
                      objects: Mapping[str, Any] | None = None) -> str:
     """Write ``tensors`` (name -> NumPy array) as the checkpoint directory ``path``, atomically.
 
-    An existing checkpoint at ``path`` is replaced (moved aside, then removed after the new one
-    is in place). Returns ``path``. Raises ``OSError`` from the file system; on any failure
-    nothing is left at ``path`` that was not there before.
+    An existing checkpoint at ``path`` is replaced in one atomic step where the file system
+    allows (``renameat2(RENAME_EXCHANGE)`` swaps the two directories, then the old one is
+    removed), so a kill at any moment leaves one whole checkpoint at ``path``; elsewhere it is
+    moved aside first (a kill between the two renames then leaves none). Returns ``path``.
+    Raises ``OSError`` from the file system; on any failure nothing is left at ``path`` that
+    was not there before.
     """
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
@@ -137,11 +167,16 @@ def write_checkpoint(path: str, tensors: Mapping[str, np.ndarray], *, step: int 
         fsync_dir(tmp)
         old = None
         if os.path.lexists(path):
-            old = temporary_name(path)
-            os.rename(path, old)
-        os.rename(tmp, path)
+            if _exchange(tmp, path):
+                old, tmp = tmp, None  # tmp now holds the replaced checkpoint
+            else:
+                old = temporary_name(path)
+                os.rename(path, old)
+        if tmp is not None:
+            os.rename(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(parent)
     if old is not None:
