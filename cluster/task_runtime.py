@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from cluster._latch import Latch
 from cluster._placement import Placement, collective_members, resolve_placement
 from cluster.deadline import Deadline
 from cluster.errors import (
@@ -123,7 +124,7 @@ class TaskRuntime:
         self._control = ControlClient(self.task, token)
         self._peer_failure: PeerFailedError | None = None
         self._failed = threading.Event()
-        self._shutdown_requested = threading.Event()
+        self._shutdown_requested = Latch()  # main-thread waits: signals raise there
         self.shutdown_reason = ""
         self._failure_listeners: list[Callable[[PeerFailedError], None]] = []
         self._closed = False
@@ -133,7 +134,7 @@ class TaskRuntime:
         self._noticed = threading.Event()
         # Set when the coordinator's task left or was lost, or shutdown was requested: what a
         # serving task in its preemption grace waits for; the reason in _released_why.
-        self._released = threading.Event()
+        self._released = Latch()
         self._released_why = ""
         self._join_lock = threading.Lock()
         self._joined = False

@@ -25,8 +25,6 @@ import signal
 import _resume_ps_train
 import cloudpickle
 import numpy as np
-
-import cluster
 from _resume_ps_train import WORKERS, _initial, _optimizer, contribution
 
 # The workers cannot import this directory's modules: send the training math by value.
