@@ -61,3 +61,59 @@ def test_sigterm_on_a_serving_task_saves_restarts_and_resumes_with_zero_steps_lo
     assert _launching.step_counts(chief) == {k: 1 for k in range(STEPS)}, chief
     np.testing.assert_array_equal(np.load(out),
                                   _resume_ps_train.reference(STEPS, optimizer))
+
+
+class _Runtime:
+    """What the handler reads of the chief's runtime: the notices its heartbeat heard."""
+
+    def __init__(self) -> None:
+        self.preemption_notices: tuple[str, ...] = ()
+        self.settings = None
+
+
+class _Coordinator:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def join(self) -> None:
+        self.events.append("join")
+
+
+class _Exited(Exception):
+    pass
+
+
+def _exit(code: int) -> None:
+    raise _Exited(code)
+
+
+@pytest.mark.timeout(60)
+def test_a_notice_heard_by_the_runtime_saves_at_the_next_run_call_after_joining(
+        tmp_path, monkeypatch, capsys) -> None:
+    import cluster
+    import cluster.runtime
+    from cluster import exitcodes
+    from cluster.checkpoint import Checkpoint, CheckpointManager, PreemptionCheckpointHandler
+
+    runtime = _Runtime()
+    monkeypatch.setattr(cluster.runtime, "current", lambda: runtime)
+    w = cluster.Variable(np.zeros(3, np.float32), name="w")
+    events: list[str] = []
+    manager = CheckpointManager(Checkpoint(model=[w]), tmp_path)
+    save = manager.save
+    monkeypatch.setattr(manager, "save", lambda **kw: (events.append("save"), save(**kw))[1])
+    handler = PreemptionCheckpointHandler(None, manager, exit_fn=_exit, grace_period=30,
+                                          coordinator=_Coordinator(events))
+    try:
+        for _ in range(2):
+            handler.run(lambda: (w.assign_add(np.ones(3, np.float32)), events.append("step")))
+        runtime.preemption_notices = ("ps:1",)  # heard during step 1, after its run call began
+        with pytest.raises(_Exited) as exited:  # read at the start of the next call
+            handler.run(lambda: events.append("step"))
+    finally:
+        handler.close()
+    assert exited.value.args == (exitcodes.EXIT_PREEMPTED,)
+    assert events == ["step", "step", "join", "save"]  # joined first; step 2 did not run
+    assert os.path.basename(manager.latest_checkpoint) == "ckpt-2"
+    assert "preemption notice on ps:1: saved" in capsys.readouterr().err
+    assert not handler.preemption_received  # this task was not signalled itself
