@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 import _resume_ps_train
 import cloudpickle
@@ -33,6 +34,13 @@ cloudpickle.register_pickle_by_value(_resume_ps_train)
 NOTICE_WAIT = 60.0  # s: bounded; on a loaded machine the notice still comes in well under this
 
 
+def _say(line: str) -> None:
+    # One write: the runtime logs the notice on stderr at this very moment, and an unbuffered
+    # print writes the line and its newline separately (another line could land between).
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
+
+
 def _signal(task: str) -> None:
     from cluster.settings import ENV_TOKEN
     from cluster.testing import processes_with
@@ -43,7 +51,7 @@ def _signal(task: str) -> None:
         raise RuntimeError(f"{task} not found")
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
-    print(f"sent SIGTERM to {task}", flush=True)
+    _say(f"sent SIGTERM to {task}")
 
 
 def main() -> None:
@@ -95,7 +103,7 @@ def main() -> None:
         if first_attempt and k == args.notice_at:
             _signal(args.notice)  # while the round runs: the task must still serve it
             heard = rt.wait_for_preemption_notice(Deadline.after(NOTICE_WAIT))
-            print(f"preemption notices heard: {', '.join(heard) or 'none'}", flush=True)
+            _say(f"preemption notices heard: {', '.join(heard) or 'none'}")
         coordinator.join()
 
     while (k := handler.total_run_calls) < args.steps:
