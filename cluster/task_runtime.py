@@ -9,6 +9,11 @@ from there, so its control-plane cost does not grow with the cluster. It waits f
 (:meth:`TaskRuntime.collective_transport`; routes to peers open lazily, where an algorithm sends),
 and tells the cluster when this task fails (:meth:`TaskRuntime.report_failure`) so every task
 stops within seconds naming the root cause.
+Preemption notices (``PREEMPTED`` events: a task that only serves got SIGTERM and serves on for
+its grace period) are informational: nothing aborts or stops on them; the coordinator's
+``PreemptionCheckpointHandler`` reads them (:attr:`TaskRuntime.preemption_notices`) and a
+serving task reports its own (:meth:`TaskRuntime.report_preemption`) and waits for the
+coordinator to finish (:meth:`TaskRuntime.wait_for_coordinator_exit`).
 :mod:`cluster.runtime` keeps the one runtime of a task process; several can live in one process
 (tests).
 """
@@ -20,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from cluster._latch import Latch
 from cluster._placement import Placement, collective_members, resolve_placement
 from cluster.deadline import Deadline
 from cluster.errors import (
@@ -118,12 +124,18 @@ class TaskRuntime:
         self._control = ControlClient(self.task, token)
         self._peer_failure: PeerFailedError | None = None
         self._failed = threading.Event()
-        self._shutdown_requested = threading.Event()
+        self._shutdown_requested = Latch()  # main-thread waits: signals raise there
         self.shutdown_reason = ""
         self._failure_listeners: list[Callable[[PeerFailedError], None]] = []
         self._closed = False
         self._close_hooks: list[Callable[[TaskRuntime], None]] = []
         self._lost: dict[str, str] = {}  # tasks the coordination service declared lost: why
+        self._notices: dict[str, str] = {}  # tasks that reported a preemption notice: message
+        self._noticed = threading.Event()
+        # Set when the coordinator's task left or was lost, or shutdown was requested: what a
+        # serving task in its preemption grace waits for; the reason in _released_why.
+        self._released = Latch()
+        self._released_why = ""
         self._join_lock = threading.Lock()
         self._joined = False
         self._coordination = CoordinationClient(
@@ -323,11 +335,69 @@ class TaskRuntime:
             transport = self._transport
             if transport is not None and not transport.closed:
                 transport.aborted_by_peer(event.task, event.message)
-        elif (event.kind is EventKind.LEFT and event.task == self.coordinator
-              and self.settings.stop_with_coordinator):
-            # The chief finished cleanly: a task that only serves has nothing left to do
-            # (only wait_for_shutdown() waits on this; a script-running task goes on).
-            self.request_shutdown(f"{self.coordinator} has finished")
+        elif event.kind is EventKind.PREEMPTED:
+            self._on_preemption_notice(event)
+        elif event.kind is EventKind.LEFT and event.task == self.coordinator:
+            self._release(f"{self.coordinator} has finished")
+            if self.settings.stop_with_coordinator:
+                # The chief finished cleanly: a task that only serves has nothing left to do
+                # (only wait_for_shutdown() waits on this; a script-running task goes on).
+                self.request_shutdown(f"{self.coordinator} has finished")
+
+    # -- preemption notices -----------------------------------------------------------------
+
+    def _on_preemption_notice(self, event: Event) -> None:
+        # Informational: no transport is aborted, nothing stops. Heard once from the service
+        # (the coordinator's task) and again from its heartbeat: recorded once.
+        with self._state:
+            if event.task in self._notices:
+                return
+            self._notices[event.task] = event.message
+        log.warning("%s: %s received a preemption notice%s", self.task, event.task,
+                    f" ({event.message})" if event.message else "")
+        self._noticed.set()
+
+    @property
+    def preemption_notices(self) -> tuple[str, ...]:
+        """The other tasks that reported a preemption notice (``PREEMPTED``) so far, in the
+        order heard; a local read (the heartbeat thread records them)."""
+        with self._state:
+            return tuple(self._notices)
+
+    def wait_for_preemption_notice(self, deadline: Deadline) -> tuple[str, ...]:
+        """Block until some other task has reported a preemption notice, or ``deadline``;
+        returns :attr:`preemption_notices` (empty if none came)."""
+        self._noticed.wait(deadline.timeout())
+        return self.preemption_notices
+
+    def report_preemption(self, message: str, deadline: Deadline) -> bool:
+        """Tell the cluster that this task received a preemption notice (``PREEMPTED``, with
+        ``message``), within ``deadline``; False when the coordination service was not told
+        (not joined, known lost, or no answer in time). Never raises."""
+        if not self._joined:
+            return False
+        return self._coordination.report(
+            Event(EventKind.PREEMPTED, self.task, self.task, message=message), deadline)
+
+    @property
+    def coordinator_exited(self) -> str:
+        """Why this task may stop serving ("" while it may not): the coordinator's task left
+        or was lost, or shutdown was requested."""
+        return self._released_why if self._released.is_set() else ""
+
+    def wait_for_coordinator_exit(self, deadline: Deadline) -> str:
+        """Block until the coordinator's task has left (finished, e.g. after its preemption
+        save) or is lost, or shutdown is requested, or ``deadline``; returns why ("" when the
+        deadline came first)."""
+        self._released.wait(deadline.timeout())
+        return self.coordinator_exited
+
+    def _release(self, why: str) -> None:
+        with self._state:
+            if self._released.is_set():
+                return
+            self._released_why = why
+            self._released.set()
 
     def _on_peer_lost(self, task: str, why: str) -> None:
         with self._state:
@@ -338,6 +408,7 @@ class TaskRuntime:
 
     def _on_coordinator_lost(self, error: PeerUnavailableError) -> None:
         log.error("%s: %s", self.task, error)
+        self._release(f"{self.coordinator} is lost")
         self._on_peer_lost(self.coordinator, str(error).split(" is unavailable: ", 1)[-1])
 
     def _reachable_peers(self) -> list[tuple[str, str]]:
@@ -437,6 +508,7 @@ class TaskRuntime:
         if not self._shutdown_requested.is_set():
             self.shutdown_reason = reason
             self._shutdown_requested.set()
+        self._release(reason)
 
     def wait_for_shutdown(self, deadline: Deadline | None = None) -> bool:
         """Block until shutdown is requested; False if ``deadline`` passed first."""

@@ -4,6 +4,9 @@ Validates ``TF_CONFIG`` strictly (this task must be ``ps:N`` of the cluster), st
 gRPC server with its Control service (health checks, heartbeats, failure reports, Shutdown) and
 serves until a Shutdown RPC, SIGTERM or SIGINT, then exits 0. A worker's failure report is
 logged, not fatal: parameter servers outlive worker failures, as in TensorFlow.
+A SIGTERM while the coordinator runs is a preemption notice: the task tells the cluster and
+serves on (up to ``CLUSTER_GRACE_PERIOD``) until the coordinator has saved and left, then exits
+204 (:mod:`cluster._serving` has the protocol and the exit codes).
 The task also serves its variable store (``ps.servicer.PsService``, ``proto/ps.proto``) and
 prints ``ps:N: serving the variable store on HOST:PORT`` to stderr once it does.
 """
@@ -11,10 +14,9 @@ prints ``ps:N: serving the variable store on HOST:PORT`` to stderr once it does.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-from cluster import exitcodes, lifecycle
+from cluster import _serving, exitcodes, lifecycle
 from cluster.errors import ClusterError, PeersNotReadyError
 from cluster.ps.store import VariableStore
 from cluster.transport import _malloc
@@ -27,6 +29,8 @@ USAGE = """\
 usage: python -m ps
 
 Serve as the parameter-server task TF_CONFIG names until a Shutdown RPC, SIGTERM or SIGINT.
+On SIGTERM while the coordinator runs, serve on (up to CLUSTER_GRACE_PERIOD seconds) until it
+has saved its checkpoint and left, then exit 204.
 
 environment:
   TF_CONFIG       the cluster and this task (required; task type "ps")
@@ -52,7 +56,7 @@ def run(argv: list[str]) -> int:
         _fail(f"unexpected arguments {' '.join(argv)!r}\n{USAGE}")
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
-    lifecycle.install_termination_handlers((signal.SIGTERM, signal.SIGINT))
+    lifecycle.install_termination_handlers(_serving.SERVING_SIGNALS)
     _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
     store = VariableStore()
     service = PsService(store)
@@ -74,11 +78,10 @@ def run(argv: list[str]) -> int:
             _fail(str(e))
             return exitcodes.EXIT_PEERS_NOT_READY if isinstance(e, PeersNotReadyError) \
                 else exitcodes.EXIT_USAGE
-        rt.wait_for_shutdown()
-        print(f"{rt.task}: shutting down ({rt.shutdown_reason})", file=sys.stderr, flush=True)
-    except lifecycle.Terminated as e:
+        return _serving.serve(rt)
+    except lifecycle.Terminated as e:  # before it served: nothing to keep serving for
         print(f"{rt.task}: shutting down ({e})", file=sys.stderr, flush=True)
+        return exitcodes.EXIT_OK
     finally:
         lifecycle.absorb_termination()  # already stopping: a second signal must not cut cleanup
         rt.shutdown()
-    return exitcodes.EXIT_OK

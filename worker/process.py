@@ -4,7 +4,10 @@ Steps: validate ``TF_CONFIG`` strictly and start this task's server (``cluster.r
 wait until every peer answers a health check (``CLUSTER_CONNECT_TIMEOUT``, default 60 s), then
 run the script exactly like ``python SCRIPT ARGS`` (``__main__``, ``sys.argv``, ``sys.path[0]``)
 and exit with its code. With no script, serve until a Shutdown RPC, SIGTERM or SIGINT: run the
-functions a ClusterCoordinator on the chief sends (``worker.servicer``).
+functions a ClusterCoordinator on the chief sends (``worker.servicer``); a SIGTERM while the
+coordinator runs is a preemption notice: tell the cluster, serve on (up to
+``CLUSTER_GRACE_PERIOD``) until the coordinator has saved and left, exit 204
+(:mod:`cluster._serving`).
 
 - SIGTERM unwinds the script (``finally`` blocks run) and exits 143; while a
   ``cluster.checkpoint.PreemptionCheckpointHandler`` is active it only flags a preemption: the
@@ -27,7 +30,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 
-from cluster import exitcodes, lifecycle, runtime
+from cluster import _serving, exitcodes, lifecycle, runtime
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
@@ -109,7 +112,7 @@ def run(argv: list[str]) -> int:
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
     lifecycle.install_termination_handlers(
-        (signal.SIGTERM, signal.SIGINT) if command.serve else (signal.SIGTERM,))
+        _serving.SERVING_SIGNALS if command.serve else (signal.SIGTERM,))
     service = WorkerService() if command.serve else None
     rt = lifecycle.start_runtime(
         "worker", os.environ, services={SERVICE: service.handlers()} if service else None)
@@ -158,9 +161,8 @@ def _serve(rt: runtime.TaskRuntime) -> int:
         except ClusterError as e:
             _fail(str(e))
             return exitcodes.EXIT_USAGE
-        rt.wait_for_shutdown()
-        print(f"{rt.task}: shutting down ({rt.shutdown_reason})", file=sys.stderr, flush=True)
-    except lifecycle.Terminated as e:
+        return _serving.serve(rt)
+    except lifecycle.Terminated as e:  # before it served: nothing to keep serving for
         print(f"{rt.task}: shutting down ({e})", file=sys.stderr, flush=True)
     return exitcodes.EXIT_OK
 

@@ -17,9 +17,22 @@ order, like any collective):
    Slurm ``--requeue`` restart the job; the new handler restores the checkpoint and
    ``total_run_calls``.
 
+Under ParameterServerStrategy (``mode: coordinator``) only the chief runs the script, and the
+handler with it; there is no collective to agree through. Instead the tasks that serve (``python
+-m ps``, ``python -m worker`` with no script) answer SIGTERM by reporting ``PREEMPTED`` to the
+coordination service and serving on for their grace period (:mod:`cluster._serving`). At each
+``run`` call the handler reads, locally, whether its task's runtime has heard such a notice
+(the heartbeat thread records them; the chief hosts the service, so it hears at once); if so,
+or if the chief itself was signalled, it saves (the save pulls the variables from the parameter
+servers, still serving) and exits 204. The serving tasks see the chief leave and exit 204 too.
+Nothing may be in flight on the workers while the checkpoint is written: ``fn`` must leave no
+scheduled function running (schedule and ``join`` inside it), or pass ``coordinator=``, which
+the handler joins before saving.
+
 Cost: one 4-byte all-reduce per ``run`` call (a few hundred microseconds over loopback TCP,
-small against a training step). Without a multi-worker strategy (one task) there is no
-collective: the flag is read directly.
+small against a training step). Without a multi-worker strategy (one task, or the chief of a
+ParameterServerStrategy) there is no collective: the flag and the runtime's notices are read
+directly.
 
 Interaction with the task entry point: ``python -m worker`` turns SIGTERM into
 :class:`cluster.lifecycle.Terminated` (the script unwinds at once, exit 143). While a handler is
@@ -84,13 +97,17 @@ class PreemptionCheckpointHandler:
     blocks still run. ``signals``: the notices to catch (SIGTERM). ``grace_period``: seconds
     from the notice to SIGKILL, to check the save against; by default the launcher's
     (``CLUSTER_GRACE_PERIOD``, set by ``clusterctl`` and the renders), or ``None`` (unknown).
+    ``coordinator``: under ParameterServerStrategy, the
+    :class:`~cluster.coordinator.ClusterCoordinator` whose scheduled functions are joined
+    before the preemption save (so no gradient lands while the variables are read); not
+    needed when ``fn`` joins its own functions.
     """
 
     def __init__(self, cluster_resolver: Any, checkpoint_or_manager: Checkpoint | CheckpointManager,
                  checkpoint_dir: str | os.PathLike | None = None, *,
                  signals: tuple[int, ...] = (signal.SIGTERM,),
                  exit_fn: Callable[[int], Any] = sys.exit,
-                 grace_period: float | None = None) -> None:
+                 grace_period: float | None = None, coordinator: Any = None) -> None:
         if isinstance(checkpoint_or_manager, CheckpointManager):
             if checkpoint_dir is not None:
                 raise ValueError("PreemptionCheckpointHandler: checkpoint_dir is only for a "
@@ -108,6 +125,8 @@ class PreemptionCheckpointHandler:
         self._cluster_resolver = cluster_resolver
         self._strategy = self._manager.checkpoint._strategy  # multi-worker, else None
         self._exit_fn = exit_fn
+        self._coordinator = coordinator
+        self._notices: tuple[str, ...] = ()  # other tasks' notices, when they decided the save
         if grace_period is not None and not grace_period >= 0:
             raise ValueError(f"PreemptionCheckpointHandler: grace_period must be >= 0 seconds, "
                              f"got {grace_period!r}")
@@ -160,11 +179,13 @@ class PreemptionCheckpointHandler:
         self._received.set()
 
     def _agreed(self) -> bool:
-        """Whether any task was signalled: MAX of the flags over every task (a collective)."""
+        """Whether any task was signalled: MAX of the flags over every task (a collective);
+        without a multi-worker strategy, this task's flag or a notice its runtime heard."""
         flag = 1.0 if self._received.is_set() else 0.0
         strategy = self._strategy
         if strategy is None:
-            return flag > 0.0
+            self._notices = _notices_heard()
+            return flag > 0.0 or bool(self._notices)
         with _context.push(strategy, None):
             total = strategy.extended._reduce_to_host(ReduceOp.MAX, np.array(flag, np.float32))
         return float(total) > 0.0
@@ -186,10 +207,12 @@ class PreemptionCheckpointHandler:
         # On a task that was not signalled the notice's own time is unknown: count from when
         # this task learned of it (the agreement), a lower bound.
         learned = time.monotonic()
+        if self._coordinator is not None:
+            self._coordinator.join()  # nothing may update the variables while they are saved
         path = self._manager.save(checkpoint_number=self._run_calls)
         here = self._noticed_at is not None
         took = time.monotonic() - (self._noticed_at if here else learned)
-        who = "this task" if here else "another task"
+        who = "this task" if here else ", ".join(self._notices) or "another task"
         print(f"preemption notice on {who}: saved {path} at run call {self._run_calls} "
               f"{_timing(took, here, self._grace_period)}; "
               f"exiting {exitcodes.describe(exitcodes.EXIT_PREEMPTED)}",
@@ -228,6 +251,12 @@ def _timing(took: float, noticed_here: bool, grace: float | None) -> str:
     since = "the notice" if noticed_here else "the agreement"
     budget = f"of a {grace:g} s grace period" if grace is not None else "grace period unknown"
     return f"{took:.1f} s after {since} ({budget})"
+
+
+def _notices_heard() -> tuple[str, ...]:
+    """The tasks whose preemption notice this task's runtime has heard (none without one)."""
+    runtime = cluster.runtime.current()
+    return runtime.preemption_notices if runtime is not None else ()
 
 
 def _launcher_grace_period() -> float | None:

@@ -12,6 +12,9 @@ interval (no call holds a server thread between heartbeats).
 - Shut-down: a clean exit reports ``LEFT`` (never a loss); the coordinator's own task waits,
   bounded, until every live task has been sent every event (:meth:`CoordinationService.drain`),
   so a failure it reported reaches everyone before it exits.
+- Preemption: a task that only serves reports ``PREEMPTED`` when it gets SIGTERM and serves
+  on for its grace period; every task hears of it like any event (the coordinator's task at
+  once), and nothing stops because of it.
 - Liveness: a task heartbeats every ``interval``; one silent for ``timeout`` is declared lost
   (:class:`~cluster.transport.membership.Membership`). A task that finds a peer's connection
   broken, or fails, reports it. Every reply carries the events the caller has not seen, so every
@@ -66,6 +69,7 @@ _KINDS = {
     EventKind.FAILED: coordination_pb2.ClusterEvent.FAILED,
     EventKind.LEFT: coordination_pb2.ClusterEvent.LEFT,
     EventKind.ABORTED: coordination_pb2.ClusterEvent.ABORTED,
+    EventKind.PREEMPTED: coordination_pb2.ClusterEvent.PREEMPTED,
 }
 _FROM_WIRE = {v: k for k, v in _KINDS.items()}
 
@@ -107,9 +111,14 @@ def _to_wire(event: Event) -> coordination_pb2.ClusterEvent:
         error_type=event.error_type, message=event.message, exit_code=event.exit_code)
 
 
-def _from_wire(event: coordination_pb2.ClusterEvent) -> Event:
-    return Event(_FROM_WIRE.get(event.kind, EventKind.LOST), event.task, event.reporter,
-                 event.error_type, event.message, event.exit_code)
+def _from_wire(event: coordination_pb2.ClusterEvent) -> Event | None:
+    """The event, or ``None`` for a kind this version does not know (a newer peer's): ignored,
+    never mistaken for a loss."""
+    kind = _FROM_WIRE.get(event.kind)
+    if kind is None:
+        return None
+    return Event(kind, event.task, event.reporter, event.error_type, event.message,
+                 event.exit_code)
 
 
 class CoordinationService:
@@ -216,6 +225,9 @@ class CoordinationService:
 
     def _report(self, request, context):
         event = _from_wire(request.event)
+        if event is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"unknown event kind {request.event.kind} (a newer peer?)")
         try:
             with self._lock:
                 news = self._membership.report(event, self._clock())
@@ -415,7 +427,7 @@ class CoordinationClient:
             return None  # close() cancelled it
         finally:
             self._in_flight = None
-        events = tuple(_from_wire(e) for e in reply.events)
+        events = tuple(e for e in map(_from_wire, reply.events) if e is not None)
         with self._changed:
             self._last_answer = time.monotonic()
             self._events_seen = reply.next_event

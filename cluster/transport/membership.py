@@ -13,9 +13,12 @@ Rules:
   shutdown, which is never logged: peers learn of it from their own connections). A task is
   declared lost at most once per incarnation, and a report of its loss by a peer (a broken
   connection) counts the same.
-- Events (``LOST``, ``FAILED``, ``ABORTED``: each at most once per task) go to one append-only
-  log; a heartbeat returns the events the caller has not seen, at most ``max_events`` at a time,
-  so a reply's size is bounded whatever happened.
+- Events (``LOST``, ``FAILED``, ``ABORTED``, ``PREEMPTED``: each at most once per task
+  incarnation) go to one append-only log; a heartbeat returns the events the caller has not
+  seen, at most ``max_events`` at a time, so a reply's size is bounded whatever happened.
+- ``PREEMPTED`` is a notice, not a failure: the task got SIGTERM and keeps serving (and
+  heartbeating) for its grace period so that the coordinator can save. It changes nothing in
+  the task's liveness; a notice from a task already lost, failed or gone is stale and dropped.
 - Memory is O(tasks + events); events are few (each task is lost or fails at most once per
   incarnation), and their text is capped.
 """
@@ -35,11 +38,14 @@ class EventKind(enum.Enum):
     FAILED = "FAILED"
     LEFT = "LEFT"  # a clean shutdown: the task stops heartbeating without being lost
     ABORTED = "ABORTED"  # the task aborted its collective group
+    # The task received a preemption notice and serves on for its grace period: informational.
+    PREEMPTED = "PREEMPTED"
 
 
 @dataclass(frozen=True)
 class Event:
-    """Something every task must learn: ``task`` was lost, or failed (``error_type``...)."""
+    """Something every task must learn: ``task`` was lost, failed (``error_type``...), aborted
+    its group, or received a preemption notice."""
 
     kind: EventKind
     task: str
@@ -72,6 +78,7 @@ class _Member:
     failed: bool = False
     left: bool = False
     aborted: bool = False
+    preempted: bool = False
     seen: int = 0  # events of the log this task has been sent
 
 
@@ -138,8 +145,9 @@ class Membership:
         return HeartbeatAnswer(events, member.seen, listed, self._waiting)
 
     def report(self, event: Event, now: float) -> bool:
-        """A task reports ``event`` (it failed, or found a peer's connection broken); True when
-        it is news (first failure, or first loss of that incarnation), then logged."""
+        """A task reports ``event`` (it failed, found a peer's connection broken, or received
+        a preemption notice); True when it is news (first failure, first loss or first notice
+        of that incarnation), then logged."""
         member = self._member(event.task)
         event = Event(event.kind, event.task, event.reporter, event.error_type,
                       event.message[:MAX_EVENT_TEXT], event.exit_code)
@@ -154,6 +162,10 @@ class Membership:
             if member.aborted:
                 return False
             member.aborted = True
+        elif event.kind is EventKind.PREEMPTED:
+            if member.preempted or member.lost or member.failed or member.left:
+                return False
+            member.preempted = True
         else:
             if member.lost or member.failed:
                 return False
@@ -204,6 +216,10 @@ class Membership:
 
     def lost(self) -> tuple[str, ...]:
         return tuple(t for t, m in self._members.items() if m.lost)
+
+    def preempted(self) -> tuple[str, ...]:
+        """Tasks whose current incarnation reported a preemption notice, in cluster order."""
+        return tuple(t for t, m in self._members.items() if m.preempted)
 
     @property
     def events(self) -> tuple[Event, ...]:

@@ -168,6 +168,32 @@ def test_the_hosting_task_hears_new_events_from_the_service_itself(cluster) -> N
     assert heard.empty()  # neither a repeat nor news about the hosting task itself
 
 
+def test_a_preemption_notice_reaches_every_task_and_the_host_at_once(cluster) -> None:
+    heard: queue.Queue[Event] = queue.Queue()
+    cluster.service.on_event = heard.put
+    cluster.join_all()
+    notice = Event(EventKind.PREEMPTED, "worker:2", reporter="worker:2", message="serving 30 s")
+    assert cluster.clients["worker:2"].report(notice, Deadline.after(5))
+    assert _next(heard, SLACK) == notice  # the hosting task: from the service, not a beat
+    for task in ("chief:0", "worker:0", "worker:1"):
+        assert _next(cluster.events[task], SLACK)[1] == notice  # the kind survives the wire
+    assert cluster.clients["worker:2"].report(notice, Deadline.after(5))  # told, not news
+    time.sleep(4 * INTERVAL)  # several beats: a repeated notice must not be logged again
+    assert heard.empty() and all(cluster.events[t].empty() for t in cluster.clients)
+    assert all(cluster.lost[t].empty() for t in cluster.clients)
+
+
+def test_an_event_kind_this_version_does_not_know_is_ignored_not_taken_for_a_loss() -> None:
+    from cluster.transport._pb import coordination_pb2
+    from cluster.transport.coordination import _from_wire
+
+    unknown = coordination_pb2.ClusterEvent(kind=99, task="worker:0")  # a newer peer's kind
+    assert _from_wire(unknown) is None
+    known = coordination_pb2.ClusterEvent(kind=coordination_pb2.ClusterEvent.PREEMPTED,
+                                          task="worker:0")
+    assert _from_wire(known).kind is EventKind.PREEMPTED
+
+
 def test_closing_never_waits_on_a_silent_coordinator() -> None:
     import socket
 

@@ -155,3 +155,30 @@ def test_when_the_last_task_registers_every_silence_counts_from_then() -> None:
     m.register("worker:1", 3, now=40.0)   # start-up ends at 40 s
     assert m.expire(44.0) == []
     assert {e.task for e in m.expire(45.5)} == set(TASKS)
+
+
+def test_a_preemption_notice_is_logged_once_per_incarnation_and_is_not_a_failure() -> None:
+    m = _joined()
+    notice = Event(EventKind.PREEMPTED, "worker:1", reporter="worker:1", message="serving 30 s")
+    assert m.report(notice, now=1.0) is True
+    assert m.report(notice, now=1.5) is False  # the same incarnation: not news again
+    assert m.preempted() == ("worker:1",)
+    assert m.heartbeat("chief:0", 100, 0, now=2.0).events == (notice,)
+    # A notice changes nothing in liveness: still heartbeating, never lost, may fail later.
+    m.heartbeat("worker:1", 102, 1, now=4.0)
+    assert [e.task for e in m.expire(8.0)] == ["chief:0", "worker:0"]
+    assert m.lost() == ("chief:0", "worker:0")
+    # A restarted task is a new incarnation: its own notice is news again.
+    m.register("worker:1", 202, now=9.0)
+    assert m.preempted() == ()
+    assert m.report(notice, now=9.5) is True
+    assert [e.kind for e in m.events].count(EventKind.PREEMPTED) == 2
+
+
+@pytest.mark.parametrize("before", [EventKind.LOST, EventKind.FAILED, EventKind.LEFT])
+def test_a_notice_from_a_task_already_gone_is_stale_and_dropped(before) -> None:
+    m = _joined()
+    m.report(Event(before, "worker:0", reporter="worker:0"), now=1.0)
+    logged = len(m.events)
+    assert m.report(Event(EventKind.PREEMPTED, "worker:0", reporter="worker:0"), 2.0) is False
+    assert len(m.events) == logged and m.preempted() == ()

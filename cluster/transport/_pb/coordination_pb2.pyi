@@ -15,10 +15,12 @@ class ClusterEvent(_message.Message):
         FAILED: _ClassVar[ClusterEvent.Kind]
         LEFT: _ClassVar[ClusterEvent.Kind]
         ABORTED: _ClassVar[ClusterEvent.Kind]
+        PREEMPTED: _ClassVar[ClusterEvent.Kind]
     LOST: ClusterEvent.Kind
     FAILED: ClusterEvent.Kind
     LEFT: ClusterEvent.Kind
     ABORTED: ClusterEvent.Kind
+    PREEMPTED: ClusterEvent.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     REPORTER_FIELD_NUMBER: _ClassVar[int]
