@@ -261,6 +261,9 @@ class Attempt:
             self.console.info(f"{what}; not restarting it: restart.max_worker_restarts = {limit} "
                               f"used up; the run goes on without it (workers left: "
                               f"{', '.join(left) or 'none'})", error=True)
+        elif task.code == exitcodes.EXIT_PREEMPTED and self.spec.mode == policy.COORDINATOR:
+            self.console.info(f"{what}; it served until the chief's preemption checkpoint: "
+                              "the chief's exit decides the run", error=True)
         elif action is policy.TaskAction.LOST:
             self.console.info(f"{what}; parameter servers are not restarted (their variables "
                               "are lost): the chief's exit decides the run", error=True)

@@ -112,11 +112,16 @@ def on_task_exit(task: str, code: int, *, mode: str, restarts_done: int,
     Only ``coordinator`` mode acts on single tasks: a worker that failed (non-zero, or killed by
     a signal) is restarted while ``restarts_done`` (its own restarts so far) is below
     ``max_restarts``, then given up on; a worker that exited 0 was shut down by the coordinator
-    and stays down; a parameter server is lost. Everything else is :attr:`TaskAction.NONE`.
+    and stays down; a parameter server is lost. A worker or parameter server that exits
+    ``EXIT_PREEMPTED`` (204) served through a preemption notice until the chief saved and left:
+    :attr:`TaskAction.NONE`, the chief's exit decides. Everything else is
+    :attr:`TaskAction.NONE`.
     """
     if mode != COORDINATOR:
         return TaskAction.NONE
     job = _job(task)
+    if code == exitcodes.EXIT_PREEMPTED:
+        return TaskAction.NONE
     if job == "ps":
         return TaskAction.LOST
     if job != "worker" or code == 0:
@@ -133,17 +138,19 @@ def root_cause(exits: list[TaskExit], mode: str = COLLECTIVE) -> TaskExit | None
     signalled it failed on its own (it was reporting its exception when the stop came).
     ``None`` when no task failed.
 
-    ``coordinator``: a parameter server that exited on its own comes first (the earliest: the
+    ``coordinator``: a parameter server that failed on its own comes first (the earliest: the
     chief's error follows from losing its variables); then failures of any task but the workers
     that exited on their own (the launcher restarted them or went on without them) by the rules
     above; then any failure by those rules.
     """
     if mode == COORDINATOR:
-        lost = [e for e in exits if _job(e.task) == "ps" and not e.stopped]
+        # A server that exited 0 on its own (the chief had left) failed nothing.
+        lost = [e for e in exits if _job(e.task) == "ps" and not e.stopped and e.code != 0]
         if lost:
             return min(lost, key=lambda e: e.order)
-        # A server the launcher stopped that exited 0 did what it was asked: not a failure.
-        exits = [e for e in exits if not (e.stopped and e.code == 0)]
+        # A server the launcher stopped that exited 0 did what it was asked, and one that exited
+        # 0 on its own had seen the chief leave: neither is a failure.
+        exits = [e for e in exits if not (e.code == 0 and (e.stopped or _job(e.task) == "ps"))]
         handled = [e for e in exits if not (_job(e.task) == "worker" and not e.stopped)]
         return _first_failure(handled) or _first_failure(exits)
     return _first_failure(exits)

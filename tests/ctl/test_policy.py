@@ -139,6 +139,8 @@ def test_assess_coordinator(exits, phase) -> None:
     ("worker:0", 0, 0, 3, TaskAction.NONE),  # the coordinator shut it down
     ("ps:0", 137, 0, 3, TaskAction.LOST),  # its variables are gone: never restarted
     ("ps:0", 0, 0, 3, TaskAction.LOST),
+    ("ps:0", 204, 0, 3, TaskAction.NONE),  # served through a preemption until the chief saved
+    ("worker:1", 204, 0, 3, TaskAction.NONE),  # not restarted: the chief is exiting 204 too
     ("chief:0", 1, 0, 3, TaskAction.NONE),  # the chief's exit is assess()'s business
     ("evaluator:0", 1, 0, 3, TaskAction.NONE),
 ])
@@ -163,6 +165,10 @@ def test_on_task_exit_collective_acts_on_no_single_task(task) -> None:
     ([E("ps:0", 137, 0), E("chief:0", 1, 1), E("worker:0", 0, 2, True)], "ps:0"),
     ([E("ps:1", 1, 0), E("ps:0", 137, 1), E("chief:0", 2, 2)], "ps:1"),  # the first ps
     ([E("ps:0", 137, 0), E("chief:0", 201, 1)], "ps:0"),
+    # preempted: the ps exits 204 before the chief's own 204 is reaped; either is retryable
+    ([E("ps:1", 204, 0), E("chief:0", 204, 1)], "ps:1"),
+    # a ps that exited 0 on its own (the chief had left) hides nothing: the chief's failure
+    ([E("ps:0", 0, 0), E("chief:0", 201, 1)], "chief:0"),
     # a worker that died and was restarted is not the root cause of the chief's failure
     ([E("worker:1", 137, 0), E("chief:0", 1, 1), E("worker:1", 143, 2, True)], "chief:0"),
     ([E("worker:1", 137, 0), E("worker:1", 137, 1), E("chief:0", 143, 2, True)], "chief:0"),
