@@ -110,7 +110,7 @@ def test_ps_and_serving_worker_stop_on_shutdown_rpc_and_sigterm(start) -> None:
     finally:
         chief.shutdown(grace=0)
     assert wcode == 0 and "worker:0: shutting down (done)" in wout
-    assert pcode == 0 and "ps:0: shutting down (received SIGTERM)" in pout
+    assert pcode == 0 and "ps:0: shutting down (received SIGTERM" in pout
 
 
 def test_ps_refuses_a_worker_task(start) -> None:

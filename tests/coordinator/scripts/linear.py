@@ -24,6 +24,9 @@ parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--ready", default="")
 parser.add_argument("--slow", type=float, default=0.0)
+# Keep scheduling rounds past --steps (up to 45 s) until this task has served functions from two
+# processes: a restarted worker's start-up time depends on the machine's load.
+parser.add_argument("--until-restarted", default="")
 opts = parser.parse_args()
 
 rng = np.random.default_rng(7)
@@ -82,6 +85,13 @@ try:
             open(opts.ready, "w").write(str(time.time()))
     coordinator.join()
     results = [v.fetch() for v in values]
+    give_up = time.time() + 45
+    while opts.until_restarted and time.time() < give_up and len(
+            {r["pid"] for r in results if r["task"] == opts.until_restarted}) < 2:
+        more = [coordinator.schedule(step, args=(len(values) + k,)) for k in range(workers)]
+        values.extend(more)
+        coordinator.join()
+        results.extend(v.fetch() for v in more)
 except ClusterError as e:
     error = {"type": type(e).__name__, "task": getattr(e, "task", ""), "message": str(e),
              "at": time.time()}
