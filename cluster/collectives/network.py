@@ -62,6 +62,9 @@ class NetworkCollectives:
         self._chunk = chunk_bytes
         self._buffers = buffers
         self.arena: Arena | None = None
+        # Every rank derives this from the same cluster spec, so all pick the same ring chunk.
+        hosts = {p.address.rsplit(":", 1)[0] for p in transport.peers if p.address}
+        self._one_host = len(hosts) <= 1
 
     @property
     def rank(self) -> int:
@@ -80,7 +83,8 @@ class NetworkCollectives:
 
     def ring_chunk(self, nbytes: int, itemsize: int) -> int:
         """:func:`~cluster.collectives.route.ring_chunk_bytes` for this group."""
-        return ring_chunk_bytes(self._chunk, nbytes, itemsize, self.world_size)
+        return ring_chunk_bytes(self._chunk, nbytes, itemsize, self.world_size,
+                                one_host=self._one_host)
 
     def algorithm_config(self, options: CommunicationOptions) -> str:
         """:func:`~cluster.collectives.route.algorithm_config` with this group's sizes."""

@@ -133,12 +133,16 @@ def network_algorithm(
     return "doubling"
 
 
-def ring_chunk_bytes(chunk_bytes: int, nbytes: int, itemsize: int, world_size: int) -> int:
+def ring_chunk_bytes(chunk_bytes: int, nbytes: int, itemsize: int, world_size: int, *,
+                     one_host: bool) -> int:
     """The ring's message size for a reduction of ``nbytes`` (items of ``itemsize``) among
-    ``world_size`` ranks, given the group's ``chunk_bytes``.
+    ``world_size`` ranks, given the group's ``chunk_bytes``; ``one_host``: every rank of the
+    group runs on one host (the network path forced among co-located processes).
 
-    Up to :data:`PIPELINED_MAX_RANKS` ranks: ``chunk_bytes``, sub-chunks pipelined through each
-    step. Beyond, each segment travels whole (up to :data:`WHOLE_SEGMENT_MAX_BYTES`), never less
+    Across hosts, or up to :data:`PIPELINED_MAX_RANKS` ranks: ``chunk_bytes``, sub-chunks
+    pipelined through each step (across hosts the overlap of a chunk's reduction with the next
+    chunk's transfer is what a slow link needs). On one host beyond that, each segment travels
+    whole (up to :data:`WHOLE_SEGMENT_MAX_BYTES`), never less
     than ``chunk_bytes``. Why: pipelining overlaps a chunk's reduction with the next chunk's
     transfer, which pays when every rank has a core to overlap on. With more ranks than that
     on few cores (4 processes on this 2-core machine) there is nothing to overlap with, and
@@ -148,12 +152,14 @@ def ring_chunk_bytes(chunk_bytes: int, nbytes: int, itemsize: int, world_size: i
     pipeline wins (38 ms against 65 ms for whole 32 MiB segments). A function of values every
     rank holds alike, so every rank picks the same size.
 
-    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 2) == 4 << 20
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 2, one_host=True) == 4 << 20
     True
-    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4) == 16 << 20
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, one_host=True) == 16 << 20
+    True
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, one_host=False) == 4 << 20
     True
     """
-    if world_size <= PIPELINED_MAX_RANKS:
+    if world_size <= PIPELINED_MAX_RANKS or not one_host:
         return chunk_bytes
     items = -(-nbytes // itemsize) if itemsize > 0 else nbytes
     segment = -(-items // world_size) * max(itemsize, 1)  # the largest segment, whole items

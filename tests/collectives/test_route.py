@@ -153,8 +153,10 @@ MIB = 1 << 20
 )
 def test_ring_chunk_bytes_table(nbytes: int, itemsize: int, world_size: int,
                                 expected: int) -> None:
-    got = ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size)
+    got = ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=True)
     assert got == expected
+    # Across hosts the ring always pipelines sub-chunks (a slow link needs the overlap).
+    assert ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=False) == CHUNK
     if world_size > 2 and nbytes <= 32 * MIB * world_size:
         # One message per segment: every segment of segments() fits in one chunk.
         assert got >= -(-nbytes // itemsize // world_size) * itemsize
