@@ -24,7 +24,7 @@ from cluster.collectives._packing import spec
 from cluster.collectives.arena import Arena
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
-from cluster.collectives.route import algorithm_config, network_algorithm
+from cluster.collectives.route import algorithm_config, network_algorithm, ring_chunk_bytes
 from cluster.collectives.schedule import Range, segments
 from cluster.transport.api import Transport
 
@@ -62,6 +62,9 @@ class NetworkCollectives:
         self._chunk = chunk_bytes
         self._buffers = buffers
         self.arena: Arena | None = None
+        # Every rank derives this from the same cluster spec, so all pick the same ring chunk.
+        hosts = {p.address.rsplit(":", 1)[0] for p in transport.peers if p.address}
+        self._one_host = len(hosts) <= 1
 
     @property
     def rank(self) -> int:
@@ -71,10 +74,17 @@ class NetworkCollectives:
     def world_size(self) -> int:
         return self._transport.world_size
 
-    def algorithm(self, nbytes: int, options: CommunicationOptions) -> str:
-        """:func:`~cluster.collectives.route.network_algorithm` with this group's sizes."""
+    def algorithm(self, nbytes: int, options: CommunicationOptions, itemsize: int = 1) -> str:
+        """:func:`~cluster.collectives.route.network_algorithm` with this group's sizes; a ring
+        names the message size :meth:`ring_chunk` gives (so it is part of the signature)."""
         return network_algorithm(self._settings, options, nbytes,
-                                 small_message_bytes=self._small, chunk_bytes=self._chunk)
+                                 small_message_bytes=self._small,
+                                 chunk_bytes=self.ring_chunk(nbytes, itemsize))
+
+    def ring_chunk(self, nbytes: int, itemsize: int) -> int:
+        """:func:`~cluster.collectives.route.ring_chunk_bytes` for this group."""
+        return ring_chunk_bytes(self._chunk, nbytes, itemsize, self.world_size,
+                                one_host=self._one_host)
 
     def algorithm_config(self, options: CommunicationOptions) -> str:
         """:func:`~cluster.collectives.route.algorithm_config` with this group's sizes."""
@@ -104,7 +114,7 @@ class NetworkCollectives:
 
     def all_reduce(self, call: Call, array: np.ndarray, owned: bool, op: ReduceOp) -> np.ndarray:
         """``op`` of ``array`` over all ranks, flat; reduces into ``array`` when ``owned``."""
-        algorithm = self.algorithm(array.nbytes, call.options)
+        algorithm = self.algorithm(array.nbytes, call.options, array.itemsize)
         ex = self.exchange(call, f"all_reduce {op.value} {spec(array)} {algorithm}")
         if not algorithm.startswith("ring"):
             work = working_copy(array, owned)
@@ -113,7 +123,8 @@ class NetworkCollectives:
             # The ring reads the input where it lies and writes each result byte once.
             work, source = self._buffers.output_for(array, owned)
             bounds = segments(work.size, self.world_size)
-            ring.all_reduce(ex, work, bounds, op, self._chunk, source=source)
+            chunk = self.ring_chunk(array.nbytes, array.itemsize)
+            ring.all_reduce(ex, work, bounds, op, chunk, source=source)
         ex.end()
         return work
 
@@ -141,7 +152,7 @@ class NetworkCollectives:
             members = [arrays[i] for i in indices]
             buffer, ranges = _packing.pack(members, self._buffers.empty)
             if ex is not None:
-                algorithm = self.algorithm(buffer.nbytes, call.options)
+                algorithm = self.algorithm(buffer.nbytes, call.options, buffer.itemsize)
                 step = self._reduce(ex, buffer, op, algorithm, first_step=step)
             views = _packing.unpack(buffer, ranges, [a.shape for a in members])
             for i, view in zip(indices, views, strict=True):
@@ -155,13 +166,14 @@ class NetworkCollectives:
         """A lone array of ``all_reduce_many``: flat result and the exchange's next step."""
         if ex is None:
             return working_copy(array, owned), step
-        algorithm = self.algorithm(array.nbytes, call.options)
+        algorithm = self.algorithm(array.nbytes, call.options, array.itemsize)
         if not algorithm.startswith("ring"):
             work = working_copy(array, owned)
             return work, _LATENCY_BOUND[algorithm](ex, work, op, step)
         work, source = self._buffers.output_for(array, owned)
         bounds = segments(work.size, self.world_size)
-        return work, ring.all_reduce(ex, work, bounds, op, self._chunk, step, source=source)
+        chunk = self.ring_chunk(array.nbytes, array.itemsize)
+        return work, ring.all_reduce(ex, work, bounds, op, chunk, step, source=source)
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""
@@ -198,11 +210,13 @@ class NetworkCollectives:
     def reduce_scatter(self, call: Call, array: np.ndarray, bounds: list[Range],
                        op: ReduceOp) -> np.ndarray:
         """A flat array whose ``bounds[rank]`` holds ``op`` of ``array`` over all ranks there."""
-        algorithm = self.algorithm(array.nbytes, call.options)
+        algorithm = self.algorithm(array.nbytes, call.options, array.itemsize)
         ex = self.exchange(call, f"reduce_scatter {op.value} {spec(array)} {algorithm}")
         if algorithm.startswith("ring"):
             work, source = self._buffers.output_for(array, owned=False)
-            ring.reduce_scatter(ex, work, bounds, op, self._chunk, source=source)
+            # bounds may be uneven here: the rule's even split is only the message size.
+            chunk = self.ring_chunk(array.nbytes, array.itemsize)
+            ring.reduce_scatter(ex, work, bounds, op, chunk, source=source)
         else:  # latency-bound: a whole all-reduce, keep our segment
             work = working_copy(array, owned=False)
             _LATENCY_BOUND[algorithm](ex, work, op)
@@ -221,4 +235,5 @@ class NetworkCollectives:
         if not algorithm.startswith("ring"):
             return _LATENCY_BOUND[algorithm](ex, work, op, first_step)
         bounds = segments(work.size, self.world_size)
-        return ring.all_reduce(ex, work, bounds, op, self._chunk, first_step)
+        chunk = self.ring_chunk(work.nbytes, work.itemsize)
+        return ring.all_reduce(ex, work, bounds, op, chunk, first_step)

@@ -18,6 +18,7 @@ from cluster.collectives.route import (
     choose_route,
     hier_config,
     network_algorithm,
+    ring_chunk_bytes,
     shm_config,
 )
 from cluster.collectives.topology import Topology
@@ -131,6 +132,34 @@ def test_network_algorithm_table(
 
 def test_network_algorithm_with_no_small_messages_always_rings() -> None:
     assert network_algorithm(AUTO, DEFAULT, 0, small_message_bytes=0, chunk_bytes=8) == "ring/8"
+
+
+# -- ring_chunk_bytes ----------------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "itemsize", "world_size", "expected"),
+    [
+        (64 * MIB, 4, 2, CHUNK),  # two ranks: pipelined sub-chunks
+        (64 * MIB, 4, 4, 16 * MIB),  # more ranks: each segment whole
+        (64 * MIB, 4, 3, 22369624),  # the largest segment, whole float32 items
+        (1 * MIB, 4, 4, CHUNK),  # never below the group's chunk size
+        (1 << 30, 4, 4, 32 * MIB),  # capped where malloc's heap ends
+        (10, 4, 3, CHUNK),
+        (0, 4, 4, CHUNK),
+    ],
+)
+def test_ring_chunk_bytes_table(nbytes: int, itemsize: int, world_size: int,
+                                expected: int) -> None:
+    got = ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=True)
+    assert got == expected
+    # Across hosts the ring always pipelines sub-chunks (a slow link needs the overlap).
+    assert ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=False) == CHUNK
+    if world_size > 2 and nbytes <= 32 * MIB * world_size:
+        # One message per segment: every segment of segments() fits in one chunk.
+        assert got >= -(-nbytes // itemsize // world_size) * itemsize
 
 
 # -- signature text ------------------------------------------------------------------------------
