@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -198,12 +199,30 @@ def _remove_hosts(tag: str) -> None:
         f.truncate()
 
 
+def _remove_stale_hosts() -> None:
+    """Remove /etc/hosts lines of local Slurms none of whose processes is alive (a test run
+    killed before its teardown could not remove them)."""
+    with open(HOSTS) as f:
+        tags = set(re.findall(r"# (cluster-test-slurm-[0-9a-f]+)", f.read()))
+    for tag in tags:
+        if not processes_with(tag):
+            _remove_hosts(tag)
+
+
+def _die_with_parent() -> list[str]:
+    """A command prefix that makes a daemon die with the process that started it: a test run
+    killed before its teardown (a CI time limit, ``timeout`` around pytest) must not leave
+    Slurm running. util-linux ``setpriv`` sets the parent-death signal, then execs."""
+    return ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+
+
 def _start(slurm: LocalSlurm, name: str, argv: list[str]) -> None:
     log = open(slurm.root / f"{name}.out.log", "wb")  # the daemon's stdout and stderr
     env = slurm.env({MARKER_VAR: slurm.marker})
     try:
-        slurm._daemons[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, start_new_session=True)
+        slurm._daemons[name] = subprocess.Popen([*_die_with_parent(), *argv], stdout=log,
+                                                stderr=subprocess.STDOUT, env=env,
+                                                start_new_session=True)
     finally:
         log.close()
 
@@ -264,6 +283,7 @@ def local_slurm(root: Path, *, start_timeout: float = 60.0) -> Iterator[LocalSlu
     conf.write_text(_slurm_conf(root, nodes, ctld_port, node_ports))
     (root / "cgroup.conf").write_text(_CGROUP_CONF)
     slurm = LocalSlurm(root, conf, nodes, addresses, marker=tag)
+    _remove_stale_hosts()
     _add_hosts([f"{a} {n}" for a, n in zip(addresses, nodes, strict=True)], tag)
     leaked: list[int] = []
     try:
