@@ -51,7 +51,6 @@ __all__ = [
     "describe_objects",
     "restore_plan",
     "save_entries",
-    "to_host",
     "variables_of",
 ]
 
@@ -73,12 +72,6 @@ class Entry:
     read: Callable[[], np.ndarray]
     apply: Callable[[np.ndarray], None]
     check: Callable[[np.ndarray], None] | None = None
-
-
-def to_host(array: Any) -> np.ndarray:
-    """A NumPy array of a NumPy array (itself, no copy) or CuPy array (a host copy)."""
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
-        else np.asarray(array)
 
 
 def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from cluster._family import to_host
 from cluster.checkpoint import _format, _group, _trackables
 from cluster.checkpoint._directory import record_checkpoint
 from cluster.errors import CheckpointCorruptError
@@ -39,7 +40,7 @@ class Checkpoint:
         self.save_counter = 0
 
     def _tensors(self) -> dict[str, np.ndarray]:
-        tensors = {e.name: _trackables.to_host(e.read())
+        tensors = {e.name: to_host(e.read())
                    for e in _trackables.save_entries(self._leaves)}
         tensors[_trackables.SAVE_COUNTER] = np.array(self.save_counter, np.int64)
         return tensors

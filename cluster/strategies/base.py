@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import is_cupy, restore_for, to_array, xp_of
+from cluster._family import is_cupy, restore_for, to_array, to_host, xp_of
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import CrossDeviceOps, finish_mean
@@ -498,7 +498,7 @@ class Strategy:
                     sums.append(xp.sum(c, axis=axis))
                     counts.append(np.asarray(float(c.shape[axis] if c.ndim else 1)))
                 plan.append(("axis", leaf, len(items)))
-                items.extend([sums, [np.asarray(_host(c)) for c in counts]])
+                items.extend([sums, [np.asarray(to_host(c)) for c in counts]])
         with _context.push(self, None):
             reduced = ext._cross_device_ops.batch_reduce_components(
                 ReduceOp.SUM, items, self.num_replicas_in_sync, ext._options) if items else []
@@ -509,7 +509,7 @@ class Strategy:
                 continue
             total = reduced[index][0]  # fresh: the caller's to keep (no copy)
             if kind == "axis" and op is ReduceOp.MEAN:
-                total = finish_mean(op, total, float(_host(reduced[index + 1][0])))
+                total = finish_mean(op, total, float(to_host(reduced[index + 1][0])))
             else:
                 total = finish_mean(op, total, self.num_replicas_in_sync)
             out.append(restore_for(_first(leaf))(total))
@@ -555,10 +555,3 @@ class Strategy:
     def __repr__(self) -> str:
         return (f"<cluster.{type(self).__name__} num_replicas_in_sync="
                 f"{self.num_replicas_in_sync} devices={list(self._extended.worker_devices)}>")
-
-
-def _host(array: Any) -> np.ndarray:
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
-        else np.asarray(array)
-
-

@@ -35,9 +35,11 @@ from __future__ import annotations
 from cluster.testing._group import GroupTimeoutError, RankOutcome, run_group
 from cluster.testing._probes import (
     ConsoleWatch,
+    console_lines,
     kill_and_wait,
     loopback_cluster,
     processes_with,
+    task_pid,
     tf_config,
     wait_gone,
 )
@@ -58,10 +60,12 @@ __all__ = [
     "TaskProcessError",
     "TaskProcesses",
     "TaskTimeoutError",
+    "console_lines",
     "kill_and_wait",
     "loopback_cluster",
     "processes_with",
     "run_group",
+    "task_pid",
     "tf_config",
     "wait_gone",
 ]

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from cluster.ctl.ports import pick_free_ports
 from cluster.deadline import Deadline
 
-__all__ = ["ConsoleWatch", "kill_and_wait", "loopback_cluster", "processes_with", "tf_config",
-           "wait_gone"]
+__all__ = ["ConsoleWatch", "console_lines", "kill_and_wait", "loopback_cluster", "processes_with",
+           "task_pid", "tf_config", "wait_gone"]
 
 
 def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> str:
@@ -92,6 +92,32 @@ def kill_and_wait(pid: int, timeout: float, sig: int = signal.SIGKILL) -> bool:
         return True
     finally:
         os.close(pidfd)
+
+
+def task_pid(marker: str, job: str, index: int) -> int:
+    """The pid of a test's live task ``job:index`` (found by the test's ``marker`` and the
+    task's ``TF_CONFIG``): the task's own process, not a child that inherited its environment.
+    Raises ``AssertionError`` naming the task when there is none."""
+    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
+    roots = [pid for pid in found if _parent(pid) not in found]
+    if not roots:
+        raise AssertionError(f"no process for {job}:{index}")
+    return roots[0]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def console_lines(out: str, task: str) -> list[str]:
+    """What ``task`` (``worker:1``) printed on a launcher's console ``out``, without the
+    ``[worker:1]`` prefix."""
+    prefix = f"[{task}]"
+    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
 
 
 class ConsoleWatch(io.StringIO):

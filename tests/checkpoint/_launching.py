@@ -9,9 +9,8 @@ from typing import TextIO
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from cluster.testing import processes_with
 
-__all__ = ["launch", "lines_of", "step_counts", "task_pid", "write_cluster_file"]
+__all__ = ["launch", "step_counts", "write_cluster_file"]
 
 
 def write_cluster_file(tmp_path: Path, marker: str, entrypoint: Path, args: list[str], *,
@@ -38,11 +37,6 @@ def launch(path: Path, out: TextIO | None = None) -> tuple[launcher.LaunchResult
     return result, console.getvalue()
 
 
-def lines_of(out: str, task: str) -> list[str]:
-    """The console lines of ``task`` (``worker:1``), without the prefix."""
-    prefix = f"[{task}]"
-    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
-
 
 def step_counts(lines: list[str]) -> dict[int, int]:
     """How many times each ``step <k>`` line was printed."""
@@ -51,19 +45,3 @@ def step_counts(lines: list[str]) -> dict[int, int]:
         if line.startswith("step ") and line[5:].isdigit():
             counts[int(line[5:])] = counts.get(int(line[5:]), 0) + 1
     return counts
-
-
-def task_pid(marker: str, job: str, index: int) -> int | None:
-    """The pid of this test's live task ``job:index`` (found by its TF_CONFIG), or ``None``."""
-    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
-    # The task's own process, not a child that inherited its environment.
-    roots = [pid for pid in found if _parent(pid) not in found]
-    return roots[0] if roots else None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.testing import kill_and_wait
+from cluster.testing import kill_and_wait, task_pid
 
 sys.path.insert(0, os.fspath(Path(__file__).parent))
 import _launching  # noqa: E402
@@ -96,7 +96,7 @@ def _killer(console: _ChaosConsole, marker: str, rng: random.Random, stop: threa
                 return
             victim = rng.choice(TASKS)
             job, index = victim.split(":")
-            pid = _launching.task_pid(marker, job, int(index))
+            pid = task_pid(marker, job, int(index))
             assert pid is not None, f"attempt {attempt}: {victim} not found"
             assert kill_and_wait(pid, 30), f"attempt {attempt}: {victim} ({pid}) did not die"
             kills.append((attempt, victim, saved))

@@ -20,6 +20,8 @@ sys.path.insert(0, os.fspath(Path(__file__).parent))
 import _launching  # noqa: E402
 import _resume_ps_train  # noqa: E402 - the same training: its reference
 
+from cluster.testing import console_lines
+
 pytestmark = [pytest.mark.multiprocess]
 
 HERE = Path(__file__).parent
@@ -44,13 +46,13 @@ def test_sigterm_on_a_serving_task_saves_restarts_and_resumes_with_zero_steps_lo
     assert result.attempts == 2, text
     assert "restarting the cluster" in text, text
 
-    served = _launching.lines_of(text, victim)
+    served = console_lines(text, victim)
     assert (f"{victim}: preemption notice (received SIGTERM): serving up to 20 s for the "
             "coordinator's checkpoint") in served, served
     assert f"{victim}: shutting down after the preemption notice (chief:0 has finished)" \
         in served, served
 
-    chief = _launching.lines_of(text, "chief:0")
+    chief = console_lines(text, "chief:0")
     assert f"sent SIGTERM to {victim}" in chief, chief
     assert f"preemption notices heard: {victim}" in chief, chief
     saved = [line for line in chief if line.startswith(f"preemption notice on {victim}: saved")]

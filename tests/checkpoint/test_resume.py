@@ -23,6 +23,8 @@ import _launching  # noqa: E402
 import _resume_ps_train  # noqa: E402 - the chief's script, imported for the reference
 import _resume_train  # noqa: E402 - the script clusterctl runs, imported for the reference
 
+from cluster.testing import console_lines
+
 pytestmark = [pytest.mark.multiprocess]
 
 HERE = Path(__file__).parent
@@ -62,7 +64,7 @@ def test_mwms_worker_killed_resumes_from_the_last_checkpoint_bit_for_bit(
     assert result.attempts == 2, text
     assert "worker:1 exited 137 (SIGKILL)" in text, text
     for task in ("worker:0", "worker:1"):
-        lines = _launching.lines_of(text, task)
+        lines = console_lines(text, task)
         assert [line for line in lines if line.startswith("resumed at")] == [
             "resumed at 0", "resumed at 20"], (task, lines)
         _check_counts(task, lines)
@@ -96,7 +98,7 @@ def test_ps_killed_restarts_the_cluster_which_resumes_bit_for_bit(
     assert result.exit_code == 0, text
     assert result.attempts == 2, text
     assert "ps:0 exited 137 (SIGKILL)" in text and "restarting the cluster" in text, text
-    chief = _launching.lines_of(text, "chief:0")
+    chief = console_lines(text, "chief:0")
     assert any(line.startswith("killed ps:0") for line in chief), chief
     assert [line for line in chief if line.startswith("resumed at")] == [
         "resumed at 0", "resumed at 20"], chief
@@ -113,7 +115,7 @@ def test_ps_worker_killed_is_restarted_alone_and_the_run_stays_bit_exact(tmp_pat
     assert (tmp_path / "killed-once").exists()
     assert "exited 137 (SIGKILL): killed by SIGKILL; restarting it" in text, text
     assert sum(t.restarts for t in result.tasks) == 1, result.tasks
-    chief = _launching.lines_of(text, "chief:0")
+    chief = console_lines(text, "chief:0")
     assert [line for line in chief if line.startswith("resumed at")] == ["resumed at 0"], chief
     assert _launching.step_counts(chief) == {k: 1 for k in range(STEPS)}, chief
     np.testing.assert_array_equal(np.load(out), _resume_ps_train.reference(STEPS, "adam"))

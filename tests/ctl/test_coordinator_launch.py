@@ -13,7 +13,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from cluster.testing import ConsoleWatch, kill_and_wait, processes_with
+from cluster.testing import ConsoleWatch, console_lines, kill_and_wait, task_pid
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -74,17 +74,6 @@ def cluster_file(tmp_path: Path, marker: str, args: list[str], *, jobs: str,
     return path
 
 
-def lines_of(out: str, task: str) -> list[str]:
-    prefix = f"[{task}]"
-    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
-
-
-def task_pid(marker: str, job: str, index: int) -> int:
-    """The pid of this test's task ``job:index`` (found by its TF_CONFIG)."""
-    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
-    if not found:
-        raise AssertionError(f"no process for {job}:{index}")
-    return found[0]
 
 
 def launch_and_kill(tmp_path: Path, marker: str, victim: str, expect: str, *, jobs: str,
@@ -126,12 +115,12 @@ def test_only_the_chief_runs_the_entrypoint_and_its_exit_ends_the_run(tmp_path, 
     result = launcher.launch(parse_cluster_file(path.read_text(), path), out=out, color="never")
     text = out.getvalue()
     assert result.exit_code == 0, text
-    assert "ENTRYPOINT ran as chief:0" in lines_of(text, "chief:0")
-    assert "chief: every peer serves: ps:0, worker:0, worker:1" in lines_of(text, "chief:0")
+    assert "ENTRYPOINT ran as chief:0" in console_lines(text, "chief:0")
+    assert "chief: every peer serves: ps:0, worker:0, worker:1" in console_lines(text, "chief:0")
     for task in ("worker:0", "worker:1", "ps:0"):
         log = (result.run_dir / f"{task.replace(':', '-')}.log").read_text()
         assert "ENTRYPOINT" not in log and not any("ENTRYPOINT" in line
-                                                   for line in lines_of(text, task))
+                                                   for line in console_lines(text, task))
     assert "shutting down" in (result.run_dir / "worker-0.log").read_text()
     # Stopping the servers is how the run ends, not a failure.
     assert "stopping worker:0, worker:1, ps:0 (the chief exited 0: the run succeeded)" in text
@@ -150,7 +139,7 @@ def test_a_killed_worker_is_restarted_alone_and_the_run_succeeds(tmp_path, marke
     assert ("worker:1 exited 137 (SIGKILL): killed by SIGKILL; restarting it in 1 s "
             "(restart 1 of 3)") in out
     assert "starting worker:1 again (restart 1 of 3)" in out
-    assert "chief: worker:1 serves again" in lines_of(out, "chief:0")
+    assert "chief: worker:1 serves again" in console_lines(out, "chief:0")
     by_task = {t.task: t for t in result.tasks}
     assert (by_task["worker:1"].exit_code, by_task["worker:1"].stopped) == (0, True)
     assert by_task["worker:1"].restarts == 1 and by_task["worker:0"].restarts == 0
@@ -169,7 +158,7 @@ def test_a_worker_whose_restarts_are_used_up_stays_down_and_the_run_goes_on(tmp_
     assert ("worker:0 exited 137 (SIGKILL): killed by SIGKILL; not restarting it: "
             "restart.max_worker_restarts = 0 used up; the run goes on without it "
             "(workers left: worker:1)") in out
-    assert "chief: worker:0 stays down" in lines_of(out, "chief:0")
+    assert "chief: worker:0 stays down" in console_lines(out, "chief:0")
     by_task = {t.task: t for t in result.tasks}
     assert (by_task["worker:0"].exit_code, by_task["worker:0"].stopped) == (137, False)
     assert result.root_cause == ""
@@ -184,7 +173,7 @@ def test_a_killed_ps_is_not_restarted_and_is_the_root_cause_of_the_chiefs_failur
     assert "ps:0 exited 137 (SIGKILL): killed by SIGKILL; parameter servers are not " \
            "restarted" in out
     assert "restarting it" not in out
-    assert "chief: ps:0 stays down" in lines_of(out, "chief:0")
+    assert "chief: ps:0 stays down" in console_lines(out, "chief:0")
     assert result.root_cause == "ps:0 exited 137 (SIGKILL): killed by SIGKILL"
     by_task = {t.task: t for t in result.tasks}
     assert by_task["chief:0"].exit_code == 7

@@ -12,7 +12,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from cluster.testing import ConsoleWatch, kill_and_wait, processes_with
+from cluster.testing import ConsoleWatch, console_lines, kill_and_wait, task_pid
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -21,17 +21,6 @@ TRAIN = REPO / "examples" / "ps" / "train.py"
 EPOCHS = 8  # the kill lands after epoch 1; the rest leaves time for it to land mid-run
 
 
-def lines_of(out: str, task: str) -> list[str]:
-    prefix = f"[{task}]"
-    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
-
-
-def task_pid(marker: str, job: str, index: int) -> int:
-    """The pid of this test's task ``job:index`` (found by its TF_CONFIG)."""
-    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
-    if not found:
-        raise AssertionError(f"no process for {job}:{index}")
-    return found[0]
 
 
 def test_a_killed_ps_restarts_the_cluster_and_the_chief_resumes(tmp_path: Path, marker) -> None:
@@ -76,7 +65,7 @@ def test_a_killed_ps_restarts_the_cluster_and_the_chief_resumes(tmp_path: Path, 
         in text, text
     assert "ps:1 exited 137 (SIGKILL): killed by SIGKILL: restarting the cluster " \
         "(restart 1 of 1)" in text, text
-    chief = lines_of(text, "chief:0")
+    chief = console_lines(text, "chief:0")
     resumed = [m for line in chief if (m := re.fullmatch(
         rf"resumed from {re.escape(str(ckpt))}/ckpt-(\d+) at epoch (\d+) step (\d+)", line))]
     assert len(resumed) == 1, chief  # the second attempt only

@@ -19,7 +19,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from cluster.testing import ConsoleWatch, kill_and_wait, processes_with
+from cluster.testing import ConsoleWatch, kill_and_wait, processes_with, task_pid
 from tests.conftest import REPO
 
 TRAIN = REPO / "examples" / "quickstart" / "train.py"
@@ -137,12 +137,6 @@ def test_multi_worker_run_resumes_from_the_checkpoint_dir_bit_for_bit(tmp_path, 
     assert f"saved {ckpt / f'ckpt-{EPOCHS * 23}'}" in lines, text
     assert_same_params(saved, uninterrupted)
 
-
-def task_pid(marker: str, job: str, index: int) -> int:
-    found = processes_with(marker, f'"task":{{"type":"{job}","index":{index}}}')
-    if not found:
-        raise AssertionError(f"no process for {job}:{index}")
-    return found[0]
 
 
 @pytest.mark.multiprocess

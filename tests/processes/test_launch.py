@@ -15,7 +15,14 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from cluster.testing import ConsoleWatch, TaskProcess, TaskProcesses, processes_with, wait_gone
+from cluster.testing import (
+    ConsoleWatch,
+    TaskProcess,
+    TaskProcesses,
+    console_lines,
+    processes_with,
+    wait_gone,
+)
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
@@ -46,11 +53,6 @@ def run(path: Path, monkeypatch) -> tuple[launcher.LaunchResult, str]:
     return result, out.getvalue()
 
 
-def lines_of(out: str, task: str) -> list[str]:
-    """What ``task`` printed, without the console prefix."""
-    prefix = f"[{task}]"
-    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix)]
-
 
 def test_successful_run(tmp_path, marker, monkeypatch) -> None:
     path = cluster_file(tmp_path, marker, ["--check-token"], jobs="{chief: 1, worker: 2, ps: 1}")
@@ -58,7 +60,7 @@ def test_successful_run(tmp_path, marker, monkeypatch) -> None:
     assert result.exit_code == 0, out
     assert result.attempts == 1
     for task in ("chief:0", "worker:0", "worker:1"):
-        printed = lines_of(out, task)
+        printed = console_lines(out, task)
         assert f"{task} all_reduce -> [3.0, 3.0, 3.0, 3.0]" in printed
         assert f"{task} done" in printed
         assert f"{task} token in env: True, in any command line: False" in printed
