@@ -16,7 +16,8 @@ chief), so the task index is the rank. Output, the protocol with the benchmark: 
 ``STRATEGY_BENCH {json}`` with ``task``, ``rank``, ``n``, ``path`` (the collective path this task
 was configured with: ``auto`` or ``network``) and ``times`` (``{case: [seconds per
 timed iteration]}``), printed when every case is done. With ``--profile FILE`` every task runs
-one more all-reduce of the largest size under cProfile; rank 0 writes its stats to FILE.
+one more all-reduce of the largest size (without sizes: one ``apply_gradients`` step of the
+first model) under cProfile; rank 0 writes its stats to FILE.
 """
 
 from __future__ import annotations
@@ -93,6 +94,31 @@ def apply_gradients_case(strategy, model: str, iters: int, warmup: int) -> list[
     return times
 
 
+def profile_one(strategy, rank: int, path: str, sizes: list[int], models: list[str]) -> None:
+    """One more call under cProfile (rank 0's stats to ``path``): the largest all-reduce, or
+    without sizes one ``apply_gradients`` step of the first model."""
+    if sizes:
+        x = np.ones(max(sizes) // 4, np.float32)
+        call = lambda: cluster.get_replica_context().all_reduce(cluster.ReduceOp.SUM, x)  # noqa: E731
+    else:
+        shapes = MODELS[models[0]]()
+        rng = np.random.default_rng(0)
+        with strategy.scope():
+            pairs = [(rng.standard_normal(shape, dtype=np.float32),
+                      cluster.Variable(np.zeros(shape, np.float32), name=name))
+                     for name, shape in shapes]
+            optimizer = cluster.optimizers.SGD(LEARNING_RATE)
+        strategy.run(lambda: optimizer.apply_gradients(pairs))  # warm: slots, pools
+        call = lambda: optimizer.apply_gradients(pairs)  # noqa: E731
+    barrier(strategy)
+    profile = cProfile.Profile()
+    profile.enable()
+    strategy.run(call)
+    profile.disable()
+    if rank == 0:
+        profile.dump_stats(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="", help="comma list of all-reduce sizes in bytes")
@@ -115,15 +141,8 @@ def main() -> None:
     for model in models:
         times[f"apply_gradients:{model}"] = apply_gradients_case(
             strategy, model, args.model_iters, args.model_warmup)
-    if args.profile and sizes:
-        x = np.ones(max(sizes) // 4, np.float32)
-        barrier(strategy)
-        profile = cProfile.Profile()
-        profile.enable()
-        strategy.run(lambda: cluster.get_replica_context().all_reduce(cluster.ReduceOp.SUM, x))
-        profile.disable()
-        if rank == 0:
-            profile.dump_stats(args.profile)
+    if args.profile and (sizes or models):
+        profile_one(strategy, rank, args.profile, sizes, models)
     barrier(strategy)  # nobody leaves while a peer still needs it
     print("STRATEGY_BENCH " + json.dumps({
         "task": f"{resolver.task_type}:{resolver.task_id}", "rank": rank,

@@ -13,6 +13,8 @@ Cases, on the same shapes as ours (:mod:`bench._strategy_task`):
   parameters, same process) it is the local backward alone. ``ddp_backward - local_backward``
   (of the medians) is DDP's all-reduce time as a user feels it: the part of the step that
   communication adds. Gradients are reset to ``None`` before each forward, both ways.
+- ``sgd_step:MODEL``: ``torch.optim.SGD(lr=0.5).step()`` over the same parameters with their
+  gradients set: the update that DDP's figure leaves out and our ``apply_gradients`` includes.
 
 Run as ``python bench/_strategy_torch.py RANK N PORT CONFIG_JSON``, a rank prints its times as
 one ``TORCH_BENCH {json}`` line. Every iteration's time is each rank's ``perf_counter`` around
@@ -117,6 +119,10 @@ def _model_cases(dist, torch, model: str, iters: int, warmup: int) -> dict[str, 
     # DDP averages over ranks: every rank's gradient is g, so is the mean.
     if not torch.allclose(module.params[-1].grad, module.g[-1]):
         raise AssertionError(f"DDP over {model}: the gradient is not the ranks' mean")
+    # The update DDP's figure leaves out and ours includes: torch's own SGD step over the same
+    # parameters, gradients in place (torch's default, the multi-tensor "foreach" kernel).
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    out[f"sgd_step:{model}"] = _timed(dist, optimizer.step, iters, warmup)
     return out
 
 

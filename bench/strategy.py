@@ -5,6 +5,7 @@ torch.distributed gloo and DDP, one run.
     uv run python bench/strategy.py --nprocs 2 --sizes 64M --models "" --paths shm
     uv run python bench/strategy.py --profile              # + cProfile of one ctx.all_reduce
     uv run python bench/strategy.py --json out.json        # + the rows for machines
+    uv run python bench/strategy.py --rounds 3             # interleaved rounds, pooled medians
 
 Ours: for each N and path, N fresh ``python -m worker bench/_strategy_task.py`` tasks
 (``worker:0`` .. ``worker:N-1`` on loopback, each with its ``TF_CONFIG`` and a cluster token, as
@@ -21,12 +22,16 @@ Cases (see :mod:`bench._strategy_task`):
   backward without DDP (:mod:`bench._strategy_torch` explains the choice). Both backward times
   are shown too.
 
-gloo runs once per N (it has no path) and stands beside both tables. Every iteration starts
-after a barrier; its time is the slowest rank's; tables show medians over ``--iters`` (all-reduce)
-or ``--model-iters`` (model steps) iterations after the warm-up ones. ``x gloo`` = gloo's (DDP's)
-time / ours: above 1 we are faster. busbw = bytes / time * 2(N-1)/N (nccl-tests' convention;
-for a model, bytes = all its float32 gradients). ``target`` is issue 18's goal for the row, as
-an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce time reads ``>= 2.0x``).
+gloo runs once per N and round (it has no path) and stands beside both tables. Every iteration
+starts after a barrier; its time is the slowest rank's; tables show medians over ``--iters``
+(all-reduce) or ``--model-iters`` (model steps) iterations after the warm-up ones, pooled over
+``--rounds`` rounds. A round launches gloo, then ours on each path, so slow spells of a shared
+machine (single runs vary up to 2x here) fall on both sides instead of on one.
+``x gloo`` = gloo's (DDP's) time / ours: above 1 we are faster. busbw = bytes / time *
+2(N-1)/N (nccl-tests' convention; for a model, bytes = all its float32 gradients). ``target``
+is issue 18's goal for the row, as an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce
+time reads ``>= 2.0x``). ``x (DDP + step)`` compares like with like: our step includes the
+update, so it is set beside DDP's all-reduce plus torch's own SGD step on the same parameters.
 
 torch is a benchmark extra, never a runtime dependency: ``uv pip install torch==2.13.0`` (or a
 local wheel) into the environment; without it (or with ``--no-torch``) the gloo columns say
@@ -91,6 +96,14 @@ def case_name(case: str) -> str:
     return f"all_reduce {fmt_size(int(what))}" if kind == "all_reduce" else f"{kind} {what}"
 
 
+def pooled(so_far: list[dict] | None, more: list[dict]) -> list[dict]:
+    """Per rank, every case's iteration times of ``so_far`` followed by those of ``more``."""
+    if not so_far:
+        return more
+    return [{case: times + extra[case] for case, times in mine.items()}
+            for mine, extra in zip(so_far, more, strict=True)]
+
+
 def slowest_median(per_rank: list[dict[str, list[float]]], case: str) -> float:
     """The median over iterations of the slowest rank's time."""
     return statistics.median(max(r[case][i] for r in per_rank)
@@ -153,7 +166,7 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
         size = case_bytes(case)
         row: dict = {"n": n, "path": path, "case": case, "bytes": size, "target": target(
             path, n, case), "ours_s": None, "gloo_s": None, "ddp_backward_s": None,
-            "local_backward_s": None, "gloo": gloo_state}
+            "local_backward_s": None, "torch_step_s": None, "gloo": gloo_state}
         if ours is not None:
             row["ours_s"] = slowest_median(ours, case)
         if theirs is not None:
@@ -164,17 +177,22 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
                 row["ddp_backward_s"] = slowest_median(theirs, f"ddp_backward:{model}")
                 row["local_backward_s"] = slowest_median(theirs, f"local_backward:{model}")
                 row["gloo_s"] = max(row["ddp_backward_s"] - row["local_backward_s"], 0.0)
+                row["torch_step_s"] = slowest_median(theirs, f"sgd_step:{model}")
         for who in ("ours", "gloo"):
             t = row[f"{who}_s"]
             row[f"{who}_busbw"] = busbw(size, n, t) if t else None
         row["x_gloo"] = (row["gloo_s"] / row["ours_s"]
                          if row["ours_s"] and row["gloo_s"] is not None else None)
+        # Like for like: our step includes the update, DDP's figure does not.
+        row["x_with_step"] = ((row["gloo_s"] + row["torch_step_s"]) / row["ours_s"]
+                              if row["ours_s"] and row["torch_step_s"] is not None else None)
         rows.append(row)
     return rows
 
 
 HEAD = ("| N | case | ours median (ms) | gloo/DDP median (ms) | x gloo | target | "
-        "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) |")
+        "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) | "
+        "torch SGD step (ms) | x (DDP + step) |")
 
 
 def format_row(row: dict) -> str:
@@ -194,15 +212,17 @@ def format_row(row: dict) -> str:
              f"{row['x_gloo']:.2f}x" if row["x_gloo"] is not None else "-",
              f">= {goal:.1f}x{met}" if goal is not None else "",
              gbs(row["ours_busbw"], ours_missing), gbs(row["gloo_busbw"], gloo_missing),
-             ms(row["ddp_backward_s"], ""), ms(row["local_backward_s"], "")]
+             ms(row["ddp_backward_s"], ""), ms(row["local_backward_s"], ""),
+             ms(row["torch_step_s"], ""),
+             f"{row['x_with_step']:.2f}x" if row["x_with_step"] is not None else ""]
     return "| " + " | ".join(cells) + " |"
 
 
 def print_profile(stats_file: Path, top: int = 15) -> None:
-    """Rank 0's profile of one ``ctx.all_reduce``: by cumulative time (the call chain), then by
-    own time (where the cycles go)."""
+    """Rank 0's profile of one call: by cumulative time (the call chain), then by own time
+    (where the cycles go)."""
     for order in ("cumulative", "tottime"):
-        print(f"\ncProfile of rank 0's ctx.all_reduce (one call), top {top} by {order}:\n")
+        print(f"\ncProfile of rank 0's call (one), top {top} by {order}:\n")
         pstats.Stats(str(stats_file), stream=sys.stdout).sort_stats(order).print_stats(top)
 
 
@@ -219,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-iters", type=int, default=5, help="timed model steps")
     parser.add_argument("--model-warmup", type=int, default=2)
     parser.add_argument("--no-torch", action="store_true", help="skip the gloo/DDP columns")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds (gloo, then ours per path) pooled per case")
     parser.add_argument("--profile", action="store_true",
-                        help="print cProfile of one all-reduce of the largest size "
-                             "(first N, first path)")
+                        help="print cProfile of one all-reduce of the largest size, or "
+                             "without sizes one apply_gradients step (first N, first path)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per launch")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -237,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--paths: shm, network; got {paths}")
     if min(args.iters, args.model_iters) < 1 or min(args.warmup, args.model_warmup) < 0:
         parser.error("--iters and --model-iters must be >= 1, the warm-ups >= 0")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     cases = [f"all_reduce:{s}" for s in sizes] + [f"apply_gradients:{m}" for m in models]
     task_argv = ["--sizes", ",".join(map(str, sizes)), "--models", ",".join(models),
                  "--iters", str(args.iters), "--warmup", str(args.warmup),
@@ -251,20 +275,27 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="strategy-bench-") as tmp:
         for n in ns:
             theirs = None
-            if gloo_state == "ok":
-                theirs = bench_torch(n, sizes, models, args.iters, args.warmup,
-                                     args.model_iters, args.model_warmup, args.timeout)
+            ours: dict[str, list[dict] | None] = {path: [] for path in paths}
+            for _ in range(args.rounds):
+                if gloo_state == "ok":
+                    theirs = pooled(theirs, bench_torch(
+                        n, sizes, models, args.iters, args.warmup, args.model_iters,
+                        args.model_warmup, args.timeout))
+                for path in paths:
+                    extra = []
+                    if args.profile and profile is None and (sizes or models):
+                        profile = Path(tmp) / "call.prof"
+                        extra = ["--profile", str(profile)]
+                    if ours[path] is None:
+                        continue
+                    try:
+                        ours[path] = pooled(ours[path],
+                                            bench_ours(n, path, task_argv + extra, args.timeout))
+                    except BenchError as error:  # one launch failing must not lose the others
+                        print(f"{path} at N={n} failed: {error}", file=sys.stderr, flush=True)
+                        ours[path] = None
             for path in paths:
-                extra = []
-                if args.profile and profile is None and sizes:
-                    profile = Path(tmp) / "all_reduce.prof"
-                    extra = ["--profile", str(profile)]
-                try:
-                    ours = bench_ours(n, path, task_argv + extra, args.timeout)
-                except BenchError as error:  # one launch failing must not lose the others
-                    print(f"{path} at N={n} failed: {error}", file=sys.stderr, flush=True)
-                    ours = None
-                rows += rows_for(n, path, cases, ours, theirs, gloo_state)
+                rows += rows_for(n, path, cases, ours[path] or None, theirs, gloo_state)
         for path in paths:
             label = {"shm": "shared memory (default, one host)",
                      "network": "network (CLUSTER_COLLECTIVE_PATH=network)"}[path]
