@@ -100,7 +100,12 @@ class Reader:
 
 
 def shutdown(sock: socket.socket) -> None:
+    """Shut ``sock`` down both ways, waking any thread blocked on it (closing is the owner's).
+
+    Calls the plain socket's method also on an ``ssl.SSLSocket``, whose own ``shutdown`` would
+    drop its TLS state under a thread still reading it (that thread then sees end of file).
+    """
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass  # already closed or never connected

@@ -19,6 +19,9 @@ handshake cannot be replayed. The acceptor checks the client MAC with ``hmac.com
 before it reads a single frame and closes the connection on any mismatch; the connector checks
 the server MAC before it sends any data, so it never talks to an impostor.
 
+Both sides send ``MAGIC_TLS`` in place of ``MAGIC`` when they run TLS once the handshake is done
+(:mod:`~cluster.transport._tcp_tls`); a side that sees the other mode stops with a clear error.
+
 The acceptor says *why* it refuses a connector it has heard out (``REFUSED`` and a reason byte),
 so that the connector can tell a configuration error (``BAD_MAC``: another token or other task
 names; ``NOT_A_PEER``, ``OTHER_GROUP``: another cluster spec), which retrying cannot mend, from a
@@ -48,6 +51,7 @@ __all__ = [
     "FRAME",
     "HELLO",
     "MAGIC",
+    "MAGIC_TLS",
     "NONCE_BYTES",
     "REFUSED",
     "SERVER_HELLO_BYTES",
@@ -64,6 +68,7 @@ __all__ = [
 ]
 
 MAGIC = b"CRDATA01"  # protocol name and version; anything else is refused at once
+MAGIC_TLS = b"CRDATAT1"  # the same, from a side that runs TLS after the handshake (_tcp_tls)
 NONCE_BYTES = 32
 MAC_BYTES = 32
 SERVER_HELLO_BYTES = len(MAGIC) + NONCE_BYTES

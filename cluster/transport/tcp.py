@@ -41,6 +41,7 @@ from __future__ import annotations
 import hmac
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 
@@ -56,6 +57,7 @@ from cluster.errors import (
     UnauthenticatedError,
 )
 from cluster.transport import _tcp_protocol as wire
+from cluster.transport import _tcp_tls
 from cluster.transport._sockio import Reader, recv_exact, send_all, shutdown, tune
 from cluster.transport._tcp_admission import evictee, source_key
 from cluster.transport.api import MessageKey, PeerInfo, Received
@@ -93,6 +95,7 @@ class _Outbound:
         self.peer = peer
         self.lock = threading.Lock()
         self.error: ClusterError | None = None
+        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg: two writes instead
 
     def send(self, header: bytes, payload: bytes | memoryview, deadline: Deadline,
              key: MessageKey, closing: threading.Event) -> None:
@@ -107,6 +110,10 @@ class _Outbound:
                 sock.settimeout(timeout)
                 if len(payload) <= _SMALL_PAYLOAD:
                     sock.sendall(header + payload)  # one small copy beats a second syscall
+                    return
+                if self.tls:  # ssl encrypts into its own records anyway
+                    sock.sendall(header)
+                    sock.sendall(payload)
                     return
                 sent = sock.sendmsg((header, payload))
                 if sent < len(header):
@@ -184,8 +191,11 @@ class TcpDataPlane:
         on_message: Callable[[int, MessageKey, Received], None],
         on_lost: Callable[[int, str], None],
         on_departed: Callable[[int, str], None],
+        tls: _tcp_tls.DataPlaneTls | None = None,
     ) -> None:
         self._me = me
+        self._tls = tls
+        self._magic = wire.MAGIC if tls is None else wire.MAGIC_TLS
         self._peers = peers
         self._key = key
         self._on_message = on_message
@@ -259,10 +269,19 @@ class TcpDataPlane:
         try:
             tune(sock)
             self._prove(sock, peer, deadline)
+            if self._tls is not None:
+                sock = _tcp_tls.dial(sock, self._tls, host.strip("[]"), deadline)
             sock.settimeout(None)  # sends set their own timeout from their deadline
-        except (EOFError, ConnectionResetError, BrokenPipeError) as e:
+        except (EOFError, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError,
+                ssl.SSLZeroReturnError) as e:
             sock.close()
             raise _Dropped(f"{type(e).__name__}: {e}") from e
+        except ssl.SSLError as e:  # a certificate refused, by this side or the acceptor
+            sock.close()
+            raise UnauthenticatedError(
+                f"{peer}'s data connection failed mutual TLS authentication with "
+                f"{self._me.task} ({e}): both tasks' certificates must be signed by the CA "
+                "each is given (CLUSTER_TLS_CA), and carry the host dialled as a SAN") from e
         except BaseException:
             sock.close()
             raise
@@ -271,14 +290,20 @@ class TcpDataPlane:
     def _prove(self, sock: socket.socket, peer: PeerInfo, deadline: Deadline) -> None:
         """The connector's side of the handshake, every read bounded by ``deadline``."""
         first = recv_exact(sock, wire.SERVER_HELLO_BYTES, deadline)
-        if not first.startswith(wire.MAGIC):
+        magic = first[:len(wire.MAGIC)]
+        if magic in (wire.MAGIC, wire.MAGIC_TLS) and magic != self._magic:
+            raise ClusterSpecMismatchError(
+                f"{peer}'s data port {'runs' if magic == wire.MAGIC_TLS else 'does not run'} "
+                f"TLS, {self._me.task}'s {'does' if self._tls else 'does not'}: give every task "
+                "the same tls: setting (CLUSTER_TLS_CERT, _KEY, _CA)")
+        if magic != self._magic:
             raise UnauthenticatedError(f"{peer}'s data port speaks another protocol")
         server_nonce = first[len(wire.MAGIC):]
         nonce = wire.new_nonce()
         facts = (server_nonce, nonce, self._me.rank, peer.rank, len(self._peers),
                  self._me.task, peer.task)
         mac = wire.client_mac(self._key, *facts)
-        send_all(sock, wire.HELLO.pack(wire.MAGIC, self._me.rank, peer.rank, len(self._peers),
+        send_all(sock, wire.HELLO.pack(self._magic, self._me.rank, peer.rank, len(self._peers),
                                        nonce, mac), deadline)
         answer = recv_exact(sock, wire.SERVER_PROOF_BYTES, deadline)
         reason = wire.decode_refusal(answer)
@@ -373,7 +398,7 @@ class TcpDataPlane:
         try:
             deadline = Deadline.after(HANDSHAKE_TIMEOUT)
             try:
-                src = self._check_proof(conn, deadline)
+                src, conn = self._check_proof(conn, deadline)
             except TimeoutError:
                 log.info("%s: dropped a data connection from %s that did not finish its "
                          "handshake within %.1f s", self._me, source, HANDSHAKE_TIMEOUT)
@@ -405,14 +430,18 @@ class TcpDataPlane:
                     del self._inbound[src]
             conn.close()
 
-    def _check_proof(self, conn: socket.socket, deadline: Deadline) -> int:
+    def _check_proof(self, conn: socket.socket, deadline: Deadline) -> tuple[int, socket.socket]:
         """The acceptor's side of the handshake, all of it bounded by ``deadline``; returns the
-        authenticated source rank. Raises ``_Refused`` (with what to tell the connector, where
-        it was heard out), ``TimeoutError``, ``EOFError`` or ``OSError``."""
+        authenticated source rank and the socket to read its frames from (a TLS one over
+        ``conn`` when this plane runs TLS). Raises ``_Refused`` (with what to tell the
+        connector, where it was heard out), ``TimeoutError``, ``EOFError`` or ``OSError``."""
         nonce = wire.new_nonce()
-        send_all(conn, wire.MAGIC + nonce, deadline)
+        send_all(conn, self._magic + nonce, deadline)
         magic = recv_exact(conn, len(wire.MAGIC), deadline)  # turn strangers away before the rest
-        if magic != wire.MAGIC:
+        if magic != self._magic:
+            if magic in (wire.MAGIC, wire.MAGIC_TLS):  # the connector saw our mode and stopped
+                raise _Refused(f"caller {'does not run' if self._tls else 'runs'} TLS, this "
+                               "data port does: the tasks have different tls: settings")
             raise _Refused("not a cluster-runtime data connection")
         _, src, dst, world, client_nonce, mac = wire.HELLO.unpack(
             magic + recv_exact(conn, wire.HELLO.size - len(magic), deadline))
@@ -439,10 +468,29 @@ class TcpDataPlane:
                 self._inbound[src] = conn  # no longer pending: never evicted from here on
         if reason is not None:
             raise _Refused(f"{self._peers[src]}: {reason.name.lower()}", reason)
-        send_all(conn, wire.MAGIC + wire.server_mac(self._key, *facts), deadline)
-        tune(conn)
-        conn.settimeout(None)  # the receiver waits for data for as long as the group lives
-        return src
+        current = [conn]  # the socket registered for this connection: plain, then TLS
+
+        def adopt(tls_conn: socket.socket) -> None:  # so that close() can reach the TLS socket
+            with self._lock:
+                self._accepted.discard(current[0])
+                self._accepted.add(tls_conn)
+                self._inbound[src] = current[0] = tls_conn
+
+        try:
+            send_all(conn, wire.MAGIC + wire.server_mac(self._key, *facts), deadline)
+            tune(conn)
+            if self._tls is not None:
+                conn = _tcp_tls.accept(conn, self._tls, deadline, adopt=adopt)
+            conn.settimeout(None)  # the receiver waits for data for as long as the group lives
+        except BaseException as e:
+            with self._lock:  # registered above: unregister, so the peer may connect again
+                if self._inbound.get(src) is current[0]:
+                    del self._inbound[src]
+                self._accepted.discard(current[0])
+            if isinstance(e, ssl.SSLError):
+                raise _Refused(f"{self._peers[src]} failed mutual TLS authentication: {e}") from e
+            raise
+        return src, conn
 
     @staticmethod
     def _refuse(conn: socket.socket, reason: wire.Refusal, deadline: Deadline) -> None:
