@@ -4,21 +4,44 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["Reader", "recv_exact", "shutdown", "tune"]
+from cluster.deadline import Deadline
+
+__all__ = ["Reader", "recv_exact", "send_all", "shutdown", "tune"]
 
 _STAGING_BYTES = 256 << 10
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: Deadline | None = None) -> bytes:
+    """Exactly ``n`` bytes; raises ``EOFError`` if the peer closes first.
+
+    With ``deadline``, the *whole* read is bounded by it (raising ``TimeoutError``), however
+    the bytes trickle in: each ``recv`` waits only for what is left of the one deadline, so a
+    peer sending a byte now and then cannot stretch it (a per-``recv`` timeout would restart on
+    every byte). Without one, the socket's own timeout applies to each ``recv``.
+    """
     buf = bytearray(n)
     view = memoryview(buf)
     pos = 0
     while pos < n:
+        if deadline is not None:
+            left = deadline.timeout()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{pos} of {n} bytes arrived before the deadline")
+            sock.settimeout(left)
         got = sock.recv_into(view[pos:])
         if not got:
             raise EOFError("connection closed")
         pos += got
     return bytes(buf)
+
+
+def send_all(sock: socket.socket, data: bytes, deadline: Deadline) -> None:
+    """``sendall`` bounded by ``deadline`` (``TimeoutError`` when it passes first)."""
+    left = deadline.timeout()
+    if left is not None and left <= 0:
+        raise TimeoutError("the deadline passed before sending")
+    sock.settimeout(left)
+    sock.sendall(data)  # since Python 3.5 the timeout bounds the whole sendall
 
 
 def tune(sock: socket.socket) -> None:
@@ -77,7 +100,12 @@ class Reader:
 
 
 def shutdown(sock: socket.socket) -> None:
+    """Shut ``sock`` down both ways, waking any thread blocked on it (closing is the owner's).
+
+    Calls the plain socket's method also on an ``ssl.SSLSocket``, whose own ``shutdown`` would
+    drop its TLS state under a thread still reading it (that thread then sees end of file).
+    """
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass  # already closed or never connected

@@ -8,7 +8,8 @@ Handshake (the connecting rank *sends* on the connection, the accepting rank rec
 
     acceptor  -> connector:  MAGIC, server nonce (32 bytes)
     connector -> acceptor:   MAGIC, src rank, dst rank, world size, client nonce, client MAC
-    acceptor  -> connector:  MAGIC, server MAC
+    acceptor  -> connector:  MAGIC, server MAC       (accepted)
+                        or:  REFUSED, reason, zeros  (refused, then closed; same length)
 
 Both MACs are HMAC-SHA256, keyed by the cluster token (an empty key in insecure loopback mode,
 so a stray connection still cannot speak the protocol), over a transcript of both nonces, the
@@ -18,6 +19,17 @@ handshake cannot be replayed. The acceptor checks the client MAC with ``hmac.com
 before it reads a single frame and closes the connection on any mismatch; the connector checks
 the server MAC before it sends any data, so it never talks to an impostor.
 
+Both sides send ``MAGIC_TLS`` in place of ``MAGIC`` when they run TLS once the handshake is done
+(:mod:`~cluster.transport._tcp_tls`); a side that sees the other mode stops with a clear error.
+
+The acceptor says *why* it refuses a connector it has heard out (``REFUSED`` and a reason byte),
+so that the connector can tell a configuration error (``BAD_MAC``: another token or other task
+names; ``NOT_A_PEER``, ``OTHER_GROUP``: another cluster spec), which retrying cannot mend, from a
+transient refusal (``DUPLICATE``: its previous connection is not yet seen closed; ``CLOSING``).
+A connection closed with no answer at all (the acceptor was busy, dropped it at its handshake
+deadline, or is going away) is transient too, and never read as a wrong token. The reason tells
+a caller without the token nothing it did not know: its MAC failed.
+
 Frames: ``FRAME`` header (kind, lengths, key fields, payload size), then the group name and
 signature (UTF-8), then the payload bytes. ``BYE`` (no payload) ends a connection cleanly; its
 group field, when not empty, names the task the sender lost and is leaving because of (so the
@@ -26,6 +38,7 @@ receiver blames that task, not the sender, whatever else arrives first).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import os
@@ -38,22 +51,45 @@ __all__ = [
     "FRAME",
     "HELLO",
     "MAGIC",
+    "MAGIC_TLS",
     "NONCE_BYTES",
+    "REFUSED",
     "SERVER_HELLO_BYTES",
+    "SERVER_PROOF_BYTES",
+    "Refusal",
     "WireError",
     "client_mac",
     "decode_header",
+    "decode_refusal",
     "encode_header",
+    "encode_refusal",
     "new_nonce",
     "server_mac",
 ]
 
 MAGIC = b"CRDATA01"  # protocol name and version; anything else is refused at once
+MAGIC_TLS = b"CRDATAT1"  # the same, from a side that runs TLS after the handshake (_tcp_tls)
 NONCE_BYTES = 32
 MAC_BYTES = 32
 SERVER_HELLO_BYTES = len(MAGIC) + NONCE_BYTES
 HELLO = struct.Struct("<8sIII32s32s")  # magic, src, dst, world size, client nonce, MAC
 SERVER_PROOF_BYTES = len(MAGIC) + MAC_BYTES
+REFUSED = b"CRDATANO"  # instead of MAGIC in the acceptor's answer: refused, reason follows
+
+
+class Refusal(enum.IntEnum):
+    """Why an acceptor refused a connector it heard out (the byte after ``REFUSED``)."""
+
+    BAD_MAC = 1  # the client MAC is wrong: another CLUSTER_TOKEN, or other task names
+    NOT_A_PEER = 2  # the claimed source rank is not in the acceptor's group
+    OTHER_GROUP = 3  # authenticated, but another destination rank or world size
+    DUPLICATE = 4  # the acceptor still holds a connection from this rank (transient)
+    CLOSING = 5  # the acceptor is shutting down (transient)
+
+    @property
+    def transient(self) -> bool:
+        return self in (Refusal.DUPLICATE, Refusal.CLOSING)
+
 
 DATA = 1
 BYE = 2
@@ -103,6 +139,21 @@ def server_mac(key: bytes, server_nonce: bytes, client_nonce: bytes, src: int, d
     """What the acceptor proves back, so the connector never sends data to an impostor."""
     body = _transcript(server_nonce, client_nonce, src, dst, world, src_task, dst_task)
     return hmac.new(key, b"server\0" + body, hashlib.sha256).digest()
+
+
+def encode_refusal(reason: Refusal) -> bytes:
+    """The acceptor's answer that refuses a connector, as long as a proof."""
+    return (REFUSED + bytes((reason,))).ljust(SERVER_PROOF_BYTES, b"\0")
+
+
+def decode_refusal(answer: bytes) -> Refusal | None:
+    """The reason in an acceptor's answer, or None when it is not a (known) refusal."""
+    if len(answer) != SERVER_PROOF_BYTES or not answer.startswith(REFUSED):
+        return None
+    try:
+        return Refusal(answer[len(REFUSED)])
+    except ValueError:
+        return None
 
 
 def encode_header(kind: int, group: bytes, signature: bytes, step: int, chunk: int, seq: int,

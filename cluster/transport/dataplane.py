@@ -5,7 +5,8 @@ connections; the default) and :class:`~cluster.transport._grpc_plane.GrpcDataPla
 persistent gRPC Exchange streams). A :class:`~cluster.transport.network.NetworkTransport` routes
 each peer through exactly one plane for sending, and receives on every plane, so that tasks
 configured with different planes interoperate. The control plane (Hello, heartbeats, Abort)
-is gRPC whatever the data plane; planes carry bytes only, which is where TLS will be added.
+is gRPC whatever the data plane; planes carry bytes only. The TCP plane runs mutual TLS after its
+token handshake when given a :class:`~cluster.transport._tcp_tls.DataPlaneTls`.
 
 Inbound, a plane hands what it received to the callbacks it was built with:
 ``on_message(src, key, received)`` files a whole message, ``on_lost(src, why)`` reports a peer

@@ -281,7 +281,7 @@ class NetworkTransport(Transport):
         host = peer.address.rsplit(":", 1)[0]
         try:
             self._tcp.connect(peer, host, port, deadline)
-        except UnauthenticatedError as e:
+        except (UnauthenticatedError, ClusterSpecMismatchError) as e:
             give_up(e)
         except (OSError, EOFError) as e:
             if deadline.expired:

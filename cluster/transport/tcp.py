@@ -19,6 +19,19 @@ Data path, chosen for this 2-core machine:
   staging buffer (one ``recv`` for header and payload) and large payloads with ``recv_into``
   straight into a fresh uninitialised buffer, then files them in the mailbox.
 
+Handshakes, which strangers can start, are bounded three ways so that no one can keep a real
+peer out. Each has one deadline (``HANDSHAKE_TIMEOUT`` from accept, passed down to every read,
+so a connection that drips a byte now and then is still dropped on time). At most
+``MAX_PENDING_HANDSHAKES`` run at once, at most ``MAX_PENDING_PER_SOURCE`` from one source
+address (an IPv6 /64 counts as one). And when a new connection finds its source's share or
+the whole table full, the *oldest* pending handshake of the source holding the most slots is
+dropped, rather than the newcomer being refused: a real peer completes its handshake within a
+round trip or two, so hostile connections opened earlier (which can only wait) are the ones
+that go, and a flood from one source never evicts a peer from another unless the flood uses
+more addresses than there are slots. A connector whose connection is closed before the
+acceptor answered retries within its deadline: that is a busy or departing peer, never a wrong
+token (see :mod:`~cluster.transport._tcp_protocol` for the refusal reasons it can tell apart).
+
 Failure: a connection that ends without a goodbye frame (process killed, reset) reports the peer
 lost; a goodbye reports it departed; a failed send raises ``PeerUnavailableError`` naming it.
 """
@@ -28,6 +41,7 @@ from __future__ import annotations
 import hmac
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 
@@ -36,23 +50,41 @@ import numpy as np
 from cluster.deadline import Deadline
 from cluster.errors import (
     ClusterError,
+    ClusterSpecMismatchError,
     CollectiveTimeoutError,
     PeerUnavailableError,
     TransportClosedError,
     UnauthenticatedError,
 )
 from cluster.transport import _tcp_protocol as wire
-from cluster.transport._sockio import Reader, recv_exact, shutdown, tune
+from cluster.transport import _tcp_tls
+from cluster.transport._sockio import Reader, recv_exact, send_all, shutdown, tune
+from cluster.transport._tcp_admission import evictee, source_key
 from cluster.transport.api import MessageKey, PeerInfo, Received
 from cluster.transport.names import listen
 
-__all__ = ["TcpDataPlane"]
+__all__ = ["HandshakeDroppedError", "TcpDataPlane"]
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 5.0  # an accepted connection that has not proven itself by then is dropped
-MAX_PENDING_HANDSHAKES = 64  # stray connections beyond this are closed unheard
+MAX_PENDING_HANDSHAKES = 64  # handshakes in progress at once (one thread each)
+MAX_PENDING_PER_SOURCE = 16  # of which one source address (an IPv6 /64) may hold at most
 _SMALL_PAYLOAD = 64 << 10  # at most this: copied out of the staging buffer / sent in one write
+
+
+class HandshakeDroppedError(ConnectionError):
+    """The peer's data port kept closing this rank's connection before answering its handshake,
+    until the deadline: the peer is busy (its pending-handshake slots taken) or going away.
+
+    Transient, and never a sign of a wrong token. An ``OSError``, so callers treat it like an
+    unreachable port.
+    """
+
+
+class _Dropped(Exception):
+    """One connection attempt ended before the acceptor answered (or with a transient refusal);
+    the connector may try again."""
 
 
 class _Outbound:
@@ -63,6 +95,7 @@ class _Outbound:
         self.peer = peer
         self.lock = threading.Lock()
         self.error: ClusterError | None = None
+        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg: two writes instead
 
     def send(self, header: bytes, payload: bytes | memoryview, deadline: Deadline,
              key: MessageKey, closing: threading.Event) -> None:
@@ -77,6 +110,10 @@ class _Outbound:
                 sock.settimeout(timeout)
                 if len(payload) <= _SMALL_PAYLOAD:
                     sock.sendall(header + payload)  # one small copy beats a second syscall
+                    return
+                if self.tls:  # ssl encrypts into its own records anyway
+                    sock.sendall(header)
+                    sock.sendall(payload)
                     return
                 sent = sock.sendmsg((header, payload))
                 if sent < len(header):
@@ -122,7 +159,12 @@ class _Outbound:
 
 
 class _Refused(Exception):
-    """An inbound connection failed the handshake; the message says why (for the log only)."""
+    """An inbound connection failed the handshake; the message says why (for the log only),
+    ``reason`` what the connector is told (None: it is not told, the connection just closes)."""
+
+    def __init__(self, message: str, reason: wire.Refusal | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TcpDataPlane:
@@ -149,8 +191,11 @@ class TcpDataPlane:
         on_message: Callable[[int, MessageKey, Received], None],
         on_lost: Callable[[int, str], None],
         on_departed: Callable[[int, str], None],
+        tls: _tcp_tls.DataPlaneTls | None = None,
     ) -> None:
         self._me = me
+        self._tls = tls
+        self._magic = wire.MAGIC if tls is None else wire.MAGIC_TLS
         self._peers = peers
         self._key = key
         self._on_message = on_message
@@ -161,6 +206,8 @@ class TcpDataPlane:
         self._outbound: dict[int, _Outbound] = {}
         self._inbound: dict[int, socket.socket] = {}
         self._accepted: set[socket.socket] = set()
+        # Handshakes in progress, oldest first, with the source each is charged to.
+        self._pending: dict[socket.socket, str] = {}
         self._threads: list[threading.Thread] = []
         self._groups: dict[str, bytes] = {}
         # Buffers offered by recv's caller (see Transport.post_recv). Receiver threads pop an
@@ -176,47 +223,108 @@ class TcpDataPlane:
     # -- outbound --------------------------------------------------------------------------------
 
     def connect(self, peer: PeerInfo, host: str, port: int, deadline: Deadline) -> None:
-        """Open and authenticate this rank's connection to ``peer``'s data port.
+        """Open and authenticate this rank's connection to ``peer``'s data port, by ``deadline``.
 
-        Raises ``OSError`` when the port cannot be reached (the caller may fall back to gRPC),
-        ``UnauthenticatedError`` when the peer refuses or fails to prove itself.
+        A connection the peer closes before answering (its handshake slots are busy, it is going
+        away) is retried with backoff until the deadline. Raises ``OSError`` when the port
+        cannot be reached (the caller may fall back to gRPC): ``HandshakeDroppedError`` when
+        every attempt was dropped unanswered, ``TimeoutError`` when the deadline passed
+        mid-handshake; ``UnauthenticatedError`` when the peer refuses this rank's proof of the
+        token or fails to prove its own; ``ClusterSpecMismatchError`` when it sees another group.
         """
+        backoff, attempts, last = 0.02, 0, ""
+        while True:
+            attempts += 1
+            try:
+                sock = self._attempt(peer, host, port, deadline)
+                break
+            except _Dropped as e:
+                last = str(e)
+                if deadline.expired or self._closing.is_set():
+                    raise self._dropped(peer, host, port, attempts, last) from e
+                log.debug("%s: %s's data port dropped handshake #%d (%s); retrying",
+                          self._me, peer, attempts, e)
+                self._closing.wait(min(backoff, deadline.remaining()))
+                backoff = min(backoff * 2, 0.5)
+            except TimeoutError as e:
+                if attempts == 1:
+                    raise
+                # The deadline ran out in a retry: the drops before it are the story.
+                raise self._dropped(peer, host, port, attempts - 1, last) from e
+        with self._lock:
+            self._outbound[peer.rank] = _Outbound(sock, peer)
+
+    def _dropped(self, peer: PeerInfo, host: str, port: int, attempts: int,
+                 last: str) -> HandshakeDroppedError:
+        return HandshakeDroppedError(
+            f"{self._me}: {peer}'s data port {host}:{port} took none of {attempts} "
+            f"connection(s) before the deadline (last: {last}); the peer is busy (its "
+            "pending-handshake slots taken, e.g. by a connection flood), still closing an "
+            "earlier connection, or shutting down")
+
+    def _attempt(self, peer: PeerInfo, host: str, port: int, deadline: Deadline) -> socket.socket:
+        """One connection and handshake; raises ``_Dropped`` for a transient failure."""
         timeout = max(deadline.remaining(), 0.05)
         sock = socket.create_connection((host.strip("[]"), port), timeout=min(timeout, 10.0))
         try:
             tune(sock)
-            sock.settimeout(max(deadline.remaining(), 0.05))
-            self._prove(sock, peer)
+            self._prove(sock, peer, deadline)
+            if self._tls is not None:
+                sock = _tcp_tls.dial(sock, self._tls, host.strip("[]"), deadline)
+            sock.settimeout(None)  # sends set their own timeout from their deadline
+        except (EOFError, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError,
+                ssl.SSLZeroReturnError) as e:
+            sock.close()
+            raise _Dropped(f"{type(e).__name__}: {e}") from e
+        except ssl.SSLError as e:  # a certificate refused, by this side or the acceptor
+            sock.close()
+            raise UnauthenticatedError(
+                f"{peer}'s data connection failed mutual TLS authentication with "
+                f"{self._me.task} ({e}): both tasks' certificates must be signed by the CA "
+                "each is given (CLUSTER_TLS_CA), and carry the host dialled as a SAN") from e
         except BaseException:
             sock.close()
             raise
-        with self._lock:
-            self._outbound[peer.rank] = _Outbound(sock, peer)
+        return sock
 
-    def _prove(self, sock: socket.socket, peer: PeerInfo) -> None:
-        refused = UnauthenticatedError(
-            f"{peer} refused {self._me.task}'s data connection: CLUSTER_TOKEN or the cluster "
-            "spec differs between tasks")
-        try:
-            first = recv_exact(sock, wire.SERVER_HELLO_BYTES)
-        except EOFError as e:
-            raise refused from e
-        if not first.startswith(wire.MAGIC):
+    def _prove(self, sock: socket.socket, peer: PeerInfo, deadline: Deadline) -> None:
+        """The connector's side of the handshake, every read bounded by ``deadline``."""
+        first = recv_exact(sock, wire.SERVER_HELLO_BYTES, deadline)
+        magic = first[:len(wire.MAGIC)]
+        if magic in (wire.MAGIC, wire.MAGIC_TLS) and magic != self._magic:
+            raise ClusterSpecMismatchError(
+                f"{peer}'s data port {'runs' if magic == wire.MAGIC_TLS else 'does not run'} "
+                f"TLS, {self._me.task}'s {'does' if self._tls else 'does not'}: give every task "
+                "the same tls: setting (CLUSTER_TLS_CERT, _KEY, _CA)")
+        if magic != self._magic:
             raise UnauthenticatedError(f"{peer}'s data port speaks another protocol")
         server_nonce = first[len(wire.MAGIC):]
         nonce = wire.new_nonce()
         facts = (server_nonce, nonce, self._me.rank, peer.rank, len(self._peers),
                  self._me.task, peer.task)
         mac = wire.client_mac(self._key, *facts)
-        sock.sendall(wire.HELLO.pack(wire.MAGIC, self._me.rank, peer.rank, len(self._peers),
-                                      nonce, mac))
-        try:
-            proof = recv_exact(sock, wire.SERVER_PROOF_BYTES)
-        except EOFError as e:
-            raise refused from e
-        expected = wire.MAGIC + wire.server_mac(self._key, *facts)
-        if not hmac.compare_digest(proof, expected):
-            raise UnauthenticatedError(f"{peer} failed to prove it holds the cluster token")
+        send_all(sock, wire.HELLO.pack(self._magic, self._me.rank, peer.rank, len(self._peers),
+                                       nonce, mac), deadline)
+        answer = recv_exact(sock, wire.SERVER_PROOF_BYTES, deadline)
+        reason = wire.decode_refusal(answer)
+        if reason is None:
+            expected = wire.MAGIC + wire.server_mac(self._key, *facts)
+            if not hmac.compare_digest(answer, expected):
+                raise UnauthenticatedError(
+                    f"{peer} failed to prove it holds the cluster token on {self._me.task}'s "
+                    "data connection (another CLUSTER_TOKEN, or not the peer at that port)")
+            return
+        if reason.transient:
+            raise _Dropped(f"refused: {reason.name}")
+        if reason == wire.Refusal.BAD_MAC:
+            raise UnauthenticatedError(
+                f"{peer} refused {self._me.task}'s data connection: its proof did not match. "
+                "CLUSTER_TOKEN, or the task names of the cluster spec, differ between the tasks; "
+                "give every task the same token and cluster")
+        raise ClusterSpecMismatchError(
+            f"{peer} refused {self._me.task}'s data connection: it sees another group "
+            f"({reason.name}: {self._me.task} as rank {self._me.rank} sending to rank "
+            f"{peer.rank} of {len(self._peers)}); give every task the same cluster")
 
     def send(self, dst: int, key: MessageKey, payload: bytes | memoryview, signature: str,
              deadline: Deadline) -> None:
@@ -254,31 +362,57 @@ class TcpDataPlane:
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = self._listener.accept()
             except OSError as e:
                 if not self._closing.is_set():
                     log.error("%s: data listener failed, accepting no more peers: %s",
                               self._me, e)
                 return
+            source = source_key(addr[0])
+            evicted, evicted_from = None, ""
             with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()]
-                pending = len(self._accepted) - len(self._inbound)
-                if self._closing.is_set() or pending >= MAX_PENDING_HANDSHAKES:
+                if self._closing.is_set():
                     conn.close()
                     continue
+                self._threads = [t for t in self._threads if t.is_alive()]
+                order = list(self._pending)
+                victim = evictee([self._pending[c] for c in order], source,
+                                 MAX_PENDING_PER_SOURCE, MAX_PENDING_HANDSHAKES)
+                if victim is not None:
+                    evicted = order[victim]
+                    evicted_from = self._pending.pop(evicted)  # its thread sees EOF, closes it
+                self._pending[conn] = source
                 self._accepted.add(conn)
-                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                thread = threading.Thread(target=self._serve, args=(conn, source), daemon=True,
                                           name=f"data-recv-{self._me.task}")
                 self._threads.append(thread)
+            if evicted is not None:
+                # Debug, not warning: a flood would otherwise become a flood of log lines.
+                log.debug("%s: dropped the oldest pending data handshake from %s to make room "
+                          "for one from %s", self._me, evicted_from, source)
+                shutdown(evicted)
             thread.start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, source: str) -> None:
         src = -1
         try:
+            deadline = Deadline.after(HANDSHAKE_TIMEOUT)
             try:
-                src = self._check_proof(conn)
-            except (OSError, EOFError, _Refused) as e:
-                log.warning("%s: refused a data connection: %s", self._me, e)
+                src, conn = self._check_proof(conn, deadline)
+            except TimeoutError:
+                log.info("%s: dropped a data connection from %s that did not finish its "
+                         "handshake within %.1f s", self._me, source, HANDSHAKE_TIMEOUT)
+                return
+            except _Refused as e:
+                log.warning("%s: refused a data connection from %s: %s", self._me, source, e)
+                if e.reason is not None:
+                    self._refuse(conn, e.reason, deadline)
+                return
+            except (OSError, EOFError) as e:
+                # Closed or evicted before it said anything worth a warning (a scanner, a flood,
+                # a connector that gave up): a warning each would let a flood flood the log.
+                log.debug("%s: data connection from %s closed mid-handshake: %s", self._me,
+                          source, e)
                 return
             try:
                 lost = self._receive(conn, src)
@@ -290,36 +424,81 @@ class TcpDataPlane:
                 self._on_departed(src, lost)
         finally:
             with self._lock:
+                self._pending.pop(conn, None)
                 self._accepted.discard(conn)
                 if self._inbound.get(src) is conn:
                     del self._inbound[src]
             conn.close()
 
-    def _check_proof(self, conn: socket.socket) -> int:
-        conn.settimeout(HANDSHAKE_TIMEOUT)
+    def _check_proof(self, conn: socket.socket, deadline: Deadline) -> tuple[int, socket.socket]:
+        """The acceptor's side of the handshake, all of it bounded by ``deadline``; returns the
+        authenticated source rank and the socket to read its frames from (a TLS one over
+        ``conn`` when this plane runs TLS). Raises ``_Refused`` (with what to tell the
+        connector, where it was heard out), ``TimeoutError``, ``EOFError`` or ``OSError``."""
         nonce = wire.new_nonce()
-        conn.sendall(wire.MAGIC + nonce)
-        magic = recv_exact(conn, len(wire.MAGIC))  # turn strangers away before the rest
-        if magic != wire.MAGIC:
+        send_all(conn, self._magic + nonce, deadline)
+        magic = recv_exact(conn, len(wire.MAGIC), deadline)  # turn strangers away before the rest
+        if magic != self._magic:
+            if magic in (wire.MAGIC, wire.MAGIC_TLS):  # the connector saw our mode and stopped
+                raise _Refused(f"caller {'does not run' if self._tls else 'runs'} TLS, this "
+                               "data port does: the tasks have different tls: settings")
             raise _Refused("not a cluster-runtime data connection")
         _, src, dst, world, client_nonce, mac = wire.HELLO.unpack(
-            magic + recv_exact(conn, wire.HELLO.size - len(magic)))
+            magic + recv_exact(conn, wire.HELLO.size - len(magic), deadline))
         if not 0 <= src < len(self._peers) or src == self._me.rank:
-            raise _Refused(f"caller claims rank {src}, not a peer")
+            raise _Refused(f"caller claims rank {src}, not a peer",
+                           wire.Refusal.NOT_A_PEER)
         facts = (nonce, client_nonce, src, dst, world, self._peers[src].task, self._me.task)
         if not hmac.compare_digest(mac, wire.client_mac(self._key, *facts)):
             raise _Refused(f"caller claiming to be {self._peers[src].task} failed to prove it "
-                           "holds the cluster token")
+                           "holds the cluster token",
+                           wire.Refusal.BAD_MAC)
         if dst != self._me.rank or world != len(self._peers):
-            raise _Refused(f"{self._peers[src]} sees a different group (rank {dst} of {world})")
+            raise _Refused(f"{self._peers[src]} sees a different group (rank {dst} of {world})",
+                           wire.Refusal.OTHER_GROUP)
         with self._lock:
-            if src in self._inbound or self._closing.is_set():
-                raise _Refused(f"{self._peers[src]} is already connected")
-            self._inbound[src] = conn
-        conn.sendall(wire.MAGIC + wire.server_mac(self._key, *facts))
-        tune(conn)
-        conn.settimeout(None)  # the receiver waits for data for as long as the group lives
-        return src
+            if self._closing.is_set():
+                reason: wire.Refusal | None = wire.Refusal.CLOSING
+            elif src in self._inbound:
+                reason = wire.Refusal.DUPLICATE
+            elif self._pending.pop(conn, None) is None:
+                raise EOFError("evicted to make room for a newer handshake")
+            else:
+                reason = None
+                self._inbound[src] = conn  # no longer pending: never evicted from here on
+        if reason is not None:
+            raise _Refused(f"{self._peers[src]}: {reason.name.lower()}", reason)
+        current = [conn]  # the socket registered for this connection: plain, then TLS
+
+        def adopt(tls_conn: socket.socket) -> None:  # so that close() can reach the TLS socket
+            with self._lock:
+                self._accepted.discard(current[0])
+                self._accepted.add(tls_conn)
+                self._inbound[src] = current[0] = tls_conn
+
+        try:
+            send_all(conn, wire.MAGIC + wire.server_mac(self._key, *facts), deadline)
+            tune(conn)
+            if self._tls is not None:
+                conn = _tcp_tls.accept(conn, self._tls, deadline, adopt=adopt)
+            conn.settimeout(None)  # the receiver waits for data for as long as the group lives
+        except BaseException as e:
+            with self._lock:  # registered above: unregister, so the peer may connect again
+                if self._inbound.get(src) is current[0]:
+                    del self._inbound[src]
+                self._accepted.discard(current[0])
+            if isinstance(e, ssl.SSLError):
+                raise _Refused(f"{self._peers[src]} failed mutual TLS authentication: {e}") from e
+            raise
+        return src, conn
+
+    @staticmethod
+    def _refuse(conn: socket.socket, reason: wire.Refusal, deadline: Deadline) -> None:
+        """Tell a connector that was heard out why it is refused (best effort: it may be gone)."""
+        try:
+            send_all(conn, wire.encode_refusal(reason), deadline)
+        except OSError:
+            pass
 
     def _receive(self, conn: socket.socket, src: int) -> str:
         """Deliver frames from ``src`` until its goodbye; returns the task the goodbye names
