@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from cluster import exitcodes
+from cluster import exitcodes, lifecycle
 from cluster.ctl import policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
@@ -237,6 +237,30 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     return result
 
 
+def _unresponsive(attempt: Attempt, outcome: Outcome, root: policy.TaskExit) -> str:
+    """The root cause when the first failure only followed a peer that stopped answering
+    (``policy.unresponsive``): ``worker:1 unresponsive (...): chief:0 reported ...``; ``""``
+    when that is not the case. The survivors' error records say whom they lost."""
+    records = {t.name: lifecycle.read_error_file(t.error_path) for t in attempt.tasks}
+    blames = {name: r.root_task for name, r in records.items() if r is not None and r.root_task}
+    found = policy.unresponsive(root, outcome.exits, blames)
+    if found is None:
+        return ""
+    culprit, witness = found
+    task = next((t for t in attempt.tasks if t.name == culprit), None)
+    if task is None:  # a record naming no task of this cluster
+        return ""
+    if task.was_suspended:
+        how = "its process was suspended, e.g. by SIGSTOP"
+    elif task.code is not None:
+        how = f"it exited only when clusterctl stopped it: {exitcodes.describe(task.code)}"
+    else:
+        how = "it never exited"
+    record = records[witness]
+    seen = record.summary() if record is not None else "nothing"
+    return f"{culprit} unresponsive ({how}): {witness} reported {seen}"
+
+
 def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
             root: policy.TaskExit | None, run_dir: Path, attempts: int,
             elapsed: float) -> LaunchResult:
@@ -248,7 +272,8 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
                                       t.restarts) for t in attempt.tasks])
     if root is not None:
         task = next(t for t in attempt.tasks if t.name == root.task)
-        result.root_cause = f"{root.task} exited {exitcodes.describe(root.code)}: {task.cause()}"
+        result.root_cause = (_unresponsive(attempt, outcome, root) or f"{root.task} exited "
+                             f"{exitcodes.describe(root.code)}: {task.cause()}")
     if outcome.interrupted is not None:
         result.interrupted = outcome.interrupted
         result.exit_code = 128 + outcome.interrupted
