@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from cluster._address import check_address, duplicate_address
 from cluster.errors import TaskConfigError
 from resolver import ClusterConfigError, ClusterResolver, ClusterSpec, TFConfigClusterResolver
 from resolver.tfconfig import sparse_cluster_only
@@ -40,20 +41,6 @@ class Placement:
                 for index in self.cluster_spec.task_indices(job):
                     out.append((f"{job}:{index}", self.cluster_spec.task_address(job, index)))
         return out
-
-
-def check_address(address: object) -> str:
-    """``""`` when ``address`` is a usable ``host:port`` (port 1-65535), else what is wrong."""
-    if not isinstance(address, str):
-        return f'expected a "host:port" string, got {address!r}'
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        return f'expected "host:port", got {address!r}'
-    if host.startswith("[") != host.endswith("]"):
-        return f"unbalanced brackets in IPv6 host of {address!r}"
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        return f"port must be an integer 1-65535, got {port!r} in {address!r}"
-    return ""
 
 
 def collective_members(spec: ClusterSpec) -> list[tuple[str, str]]:
@@ -87,7 +74,8 @@ def resolve_placement(resolver: ClusterResolver, *, source: str = "TF_CONFIG") -
     """Validate ``resolver`` strictly and return this task's placement.
 
     Checks: there is a cluster; job names are chief/worker/ps/evaluator; at most one chief;
-    chief and worker indices are dense (0..n-1); every address is ``host:port``; this task's
+    chief and worker indices are dense (0..n-1); every address is ``host:port``
+    (:mod:`cluster._address`) and no two tasks share one; this task's
     type and index are given and name a task of the cluster.
 
     Raises:
@@ -124,6 +112,11 @@ def resolve_placement(resolver: ClusterResolver, *, source: str = "TF_CONFIG") -
             problem = check_address(spec.task_address(job, index))
             if problem:
                 raise TaskConfigError(f"{source}: cluster.{job}[{index}]: {problem}")
+    clash = duplicate_address((f"{job}:{i}", spec.task_address(job, i))
+                              for job in spec.jobs for i in spec.task_indices(job))
+    if clash is not None:  # checked before binding: the second task could never bind it
+        raise TaskConfigError(f"{source}: {clash[1]} and {clash[2]} have the same address "
+                              f"{clash[0]}: every task needs its own host:port")
     if "chief" in spec.jobs and spec.num_tasks("chief") > 1:
         raise TaskConfigError(
             f"{source}: cluster.chief: at most one chief, got {spec.num_tasks('chief')}"

@@ -67,13 +67,15 @@ _SECONDS = (
 
 
 def parse_seconds(name: str, text: str) -> float:
-    """``text`` as a number of seconds > 0; :class:`TaskConfigError` naming ``name`` otherwise."""
+    """``text`` as a finite number of seconds > 0; :class:`TaskConfigError` naming ``name``
+    otherwise (``inf`` is refused: an infinite heartbeat timeout would switch off failure
+    detection, an infinite connect timeout would wait forever for a peer that never comes)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:  # also rejects nan
-        raise TaskConfigError(f"{name}: expected a number of seconds > 0, got {text!r}")
+    if not 0 < value < float("inf"):  # also rejects nan
+        raise TaskConfigError(f"{name}: expected a finite number of seconds > 0, got {text!r}")
     return value
 
 
@@ -135,8 +137,9 @@ class TaskSettings:
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
                      "report_timeout", "function_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got "
+                                 f"{getattr(self, name)!r}")
         if self.grace_period is not None and not self.grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0 seconds, got {self.grace_period!r}")
         if self.data_plane not in DATA_PLANES:

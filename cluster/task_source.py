@@ -112,7 +112,7 @@ def complete_tf_config(environ: Mapping[str, str]) -> TaskSource | None:
 def _from_tf_config(text: str, environ: Mapping[str, str], in_slurm: bool) -> TaskSource | None:
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         return None  # the resolver reports malformed JSON with its own message
     if not isinstance(doc, dict):
         return None

@@ -197,7 +197,8 @@ def parse_tf_config(text: str | None) -> TFConfig:
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         raise _fail("", f"invalid JSON: {e}") from e
     except RecursionError as e:  # absurdly deep nesting
-        raise _fail("", "invalid JSON: nested too deeply") from e
+        raise _fail("", "invalid JSON: nested too deeply (TF_CONFIG needs 3 levels: "
+                    '{"cluster": {"worker": ["host:port"]}}); check how it is generated') from e
     if not isinstance(doc, dict):
         raise _fail("", f"expected a JSON object at the top level, got {_describe(doc)}")
     return TFConfig(doc)

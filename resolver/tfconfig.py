@@ -62,7 +62,7 @@ def sparse_cluster_only() -> bool:
     raw = _raw()
     try:
         doc = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         return False
     return isinstance(doc, dict) and "sparseCluster" in doc and "cluster" not in doc
 

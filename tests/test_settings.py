@@ -62,3 +62,14 @@ def test_the_readme_lists_every_variable_and_the_code_reads_no_other() -> None:
         for path in (REPO / package).rglob("*.py"):
             used |= set(re.findall(r'"(CLUSTER_[A-Z_]+)"', path.read_text()))
     assert used <= listed, f"variables missing from cluster.settings.ENV_VARS: {used - listed}"
+
+
+@pytest.mark.parametrize("var", ["CLUSTER_HEARTBEAT_TIMEOUT", "CLUSTER_CONNECT_TIMEOUT",
+                                 "CLUSTER_HEARTBEAT_INTERVAL", "CLUSTER_FUNCTION_TIMEOUT"])
+@pytest.mark.parametrize("value", ["inf", "Infinity", "nan"])
+def test_seconds_must_be_finite(var: str, value: str) -> None:
+    # An infinite heartbeat timeout switches failure detection off (issue 20): refused, named.
+    with pytest.raises(TaskConfigError, match=f"{var}: expected a finite number of seconds"):
+        TaskSettings.from_env({var: value})
+    with pytest.raises(ValueError, match="finite"):
+        TaskSettings(**{var.removeprefix("CLUSTER_").lower(): float(value)})

@@ -217,6 +217,7 @@ class Attempt:
             self.console.info(f"stopping {', '.join(t.name for t in running)} ({why})")
         for task in running:
             task.stopped = True
+            task.was_suspended = task.suspended()  # why it was silent, for the root cause
             task.signal_group(signal.SIGTERM)
         if self.kill_deadline is None:
             self.kill_deadline = Deadline.after(self.spec.timeouts.grace)

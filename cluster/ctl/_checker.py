@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,16 +57,24 @@ class Checker:
         return node.value
 
     def number(self, node: Located, key: str, *, minimum: float, strict: bool,
-               integer: bool = False) -> float | None:
+               integer: bool = False, maximum: float = math.inf,
+               hint: str = "") -> float | None:
+        """``node``'s number when it is finite, >= ``minimum`` (> when ``strict``) and <=
+        ``maximum``; else a problem (with ``hint``) and None."""
         value = node.value
         ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok_type:
             kind = "an integer" if integer else "a number"
             self.add(node.line, key, f"expected {kind}, got {kind_of(value)}")
             return None
-        if value < minimum or (strict and value == minimum):
+        if not math.isfinite(value):  # .nan passes every comparison below; .inf means "never"
+            self.add(node.line, key, f"expected a finite number, got {value}", hint)
+            return None
+        if value < minimum or (strict and value == minimum) or value > maximum:
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            self.add(node.line, key, f"must be {bound}, got {value}")
+            if maximum < math.inf:
+                bound = f"{bound} and <= {maximum:g}"
+            self.add(node.line, key, f"must be {bound}, got {value}", hint)
             return None
         return value
 

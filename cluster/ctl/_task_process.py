@@ -63,6 +63,7 @@ class TaskProcess:
         self.last_line = ""
         self.restarts = 0  # times started again alone (coordinator mode)
         self.restart_at: Deadline | None = None
+        self.was_suspended = False  # its process was stopped (SIGSTOP) when the launcher stopped it
 
     @property
     def running(self) -> bool:
@@ -151,6 +152,19 @@ class TaskProcess:
             self.pidfd = -1
         if self.log is not None:
             self.log.close()
+
+    def suspended(self) -> bool:
+        """Whether the process is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``) or a
+        tracer (``t``) right now; False when it cannot be told (no ``/proc``, gone)."""
+        if self.proc is None:
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # "pid (comm) state ...": comm may hold spaces and parentheses, so split after the last ")"
+        return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the process group; a group already gone is no error."""

@@ -2,9 +2,9 @@
 :func:`cluster.ctl.launcher.launch`.
 
 Exit codes: 0 success; 1 the run failed (the summary names the root cause); 2 bad command line or
-cluster file (nothing started); 124 the run exceeded ``timeouts.run``; 130/143 interrupted by
-SIGINT/SIGTERM (everything stopped). With ``mode: coordinator`` a failed run exits with the
-chief's own exit code.
+cluster file, or a run that could not be set up (nothing started, no run directory left); 124
+the run exceeded ``timeouts.run``; 130/143 interrupted by SIGINT/SIGTERM (everything stopped).
+With ``mode: coordinator`` a failed run exits with the chief's own exit code.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from cluster.ctl import render
-from cluster.ctl.launcher import LaunchError, launch
+from cluster.ctl.launcher import LaunchError, LaunchSetupError, launch
 from cluster.ctl.render.tf_config import PORT_BASE
 from cluster.ctl.spec import ClusterFile, load_cluster_file
 from cluster.errors import ClusterFileError
@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         color = color_choice(args.color, no_color=bool(os.environ.get("NO_COLOR")))
         result = launch(spec, color=color, handle_signals=True,
                         run_dir=Path(args.run_dir) if args.run_dir else None)
+    except LaunchSetupError as e:
+        print(f"clusterctl: {args.file}: {e}; nothing started", file=sys.stderr)
+        return EXIT_USAGE
     except LaunchError as e:
         print(f"clusterctl: {e}", file=sys.stderr)
         return 1

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from cluster import exitcodes
+from cluster import exitcodes, lifecycle
 from cluster.ctl import policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
@@ -44,7 +44,7 @@ from cluster.ctl.task_config import assign_addresses
 from cluster.errors import ClusterError
 
 __all__ = ["EXIT_RUN_FAILED", "EXIT_RUN_TIMEOUT", "TASK_RESTART_DELAY", "LaunchError",
-           "LaunchResult", "TaskResult", "launch"]
+           "LaunchResult", "LaunchSetupError", "TaskResult", "launch"]
 
 EXIT_RUN_FAILED = 1
 EXIT_RUN_TIMEOUT = 124
@@ -56,6 +56,12 @@ _LISTED_ADDRESSES = 16  # beyond this many tasks the start line abridges the add
 
 class LaunchError(ClusterError):
     """The launcher itself could not start the run (no port on ``host``, cannot execute)."""
+
+
+class LaunchSetupError(LaunchError):
+    """The run could not be set up, so nothing was started and no run directory is left:
+    ``host`` cannot be bound, the run directory cannot be made, too few file descriptors.
+    ``clusterctl`` exits 2 (like a bad cluster file)."""
 
 
 @dataclass
@@ -100,7 +106,33 @@ def _new_run_dir(spec: ClusterFile) -> Path:
             return path
         except FileExistsError:
             continue
-    raise LaunchError(f"cannot create a run directory under {spec.log_dir}")
+        except OSError as e:
+            raise LaunchSetupError(f"log_dir {spec.log_dir}: cannot create the run directory "
+                                   f"{path}: {e.strerror or e}; point log_dir at a writable "
+                                   "directory (or give --run-dir)") from e
+    raise LaunchSetupError(f"cannot create a run directory under {spec.log_dir}")
+
+
+def _make_run_dir(spec: ClusterFile, run_dir: Path | None) -> Path:
+    """The run directory: ``run_dir`` (made if missing) or a new one under ``log_dir``."""
+    if run_dir is None:
+        return _new_run_dir(spec)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LaunchSetupError(f"--run-dir {run_dir}: cannot create it: {e.strerror or e}") from e
+    return run_dir
+
+
+def _first_addresses(spec: ClusterFile) -> dict[str, list[str]]:
+    """The first attempt's addresses, chosen before anything else exists, so a ``host`` that
+    cannot be bound leaves nothing behind."""
+    try:
+        return assign_addresses(spec)
+    except OSError as e:
+        raise LaunchSetupError(f"host {spec.host}: {e.strerror or e}: set `host:` in "
+                               f"{spec.path.name} to an address of this machine (default "
+                               "127.0.0.1)") from e
 
 
 def _where(addresses: dict[str, list[str]]) -> str:
@@ -141,27 +173,29 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     writes ``summary.json`` into the run directory.
 
     Raises:
-        LaunchError: ports cannot be chosen on ``host``, or a task cannot be executed.
+        LaunchSetupError: nothing could be started (no port on ``host``, no run directory,
+            too few file descriptors); no run directory is left behind.
+        LaunchError: a task cannot be executed (the others are stopped first).
     """
     out = out if out is not None else sys.stdout
     names = [f"{job}:{i}" for job, i in spec.tasks()]
     console = Console(out, color=use_color(out, color), tasks=[*names, "clusterctl"])
-    run_dir = run_dir if run_dir is not None else _new_run_dir(spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    started = time.monotonic()
-    restarts, port_retries, attempts = 0, PORT_RETRIES, 0
     try:  # per task: its output pipe, its pidfd, its log (the ports are checked when chosen)
         ensure_fd_limit(_FDS_PER_TASK * len(names), f"supervising {len(names)} tasks")
     except OSError as e:
-        raise LaunchError(str(e)) from e
+        raise LaunchSetupError(str(e)) from e
+    first = _first_addresses(spec)
+    run_dir = _make_run_dir(spec, run_dir)
+    token = secrets.token_urlsafe(32)
+    started = time.monotonic()
+    restarts, port_retries, attempts = 0, PORT_RETRIES, 0
     signals = SignalPipe()
     try:
         with signals.installed(handle_signals):
             while True:
                 attempts += 1
                 try:
-                    addresses = assign_addresses(spec)
+                    addresses = first if attempts == 1 else assign_addresses(spec)
                 except OSError as e:
                     raise LaunchError(str(e)) from e
                 where = _where(addresses)
@@ -203,6 +237,30 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     return result
 
 
+def _unresponsive(attempt: Attempt, outcome: Outcome, root: policy.TaskExit) -> str:
+    """The root cause when the first failure only followed a peer that stopped answering
+    (``policy.unresponsive``): ``worker:1 unresponsive (...): chief:0 reported ...``; ``""``
+    when that is not the case. The survivors' error records say whom they lost."""
+    records = {t.name: lifecycle.read_error_file(t.error_path) for t in attempt.tasks}
+    blames = {name: r.root_task for name, r in records.items() if r is not None and r.root_task}
+    found = policy.unresponsive(root, outcome.exits, blames)
+    if found is None:
+        return ""
+    culprit, witness = found
+    task = next((t for t in attempt.tasks if t.name == culprit), None)
+    if task is None:  # a record naming no task of this cluster
+        return ""
+    if task.was_suspended:
+        how = "its process was suspended, e.g. by SIGSTOP"
+    elif task.code is not None:
+        how = f"it exited only when clusterctl stopped it: {exitcodes.describe(task.code)}"
+    else:
+        how = "it never exited"
+    record = records[witness]
+    seen = record.summary() if record is not None else "nothing"
+    return f"{culprit} unresponsive ({how}): {witness} reported {seen}"
+
+
 def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
             root: policy.TaskExit | None, run_dir: Path, attempts: int,
             elapsed: float) -> LaunchResult:
@@ -214,7 +272,8 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
                                       t.restarts) for t in attempt.tasks])
     if root is not None:
         task = next(t for t in attempt.tasks if t.name == root.task)
-        result.root_cause = f"{root.task} exited {exitcodes.describe(root.code)}: {task.cause()}"
+        result.root_cause = (_unresponsive(attempt, outcome, root) or f"{root.task} exited "
+                             f"{exitcodes.describe(root.code)}: {task.cause()}")
     if outcome.interrupted is not None:
         result.interrupted = outcome.interrupted
         result.exit_code = 128 + outcome.interrupted

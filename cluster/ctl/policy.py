@@ -33,6 +33,7 @@ __all__ = [
     "failed_exit_code",
     "on_task_exit",
     "root_cause",
+    "unresponsive",
 ]
 
 COLLECTIVE = "collective"
@@ -167,6 +168,33 @@ def _first_failure(exits: list[TaskExit]) -> TaskExit | None:
         if chosen:
             return chosen[0]
     return None
+
+
+def unresponsive(root: TaskExit, exits: list[TaskExit],
+                 blames: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(culprit, witness)`` when the root cause only stopped because of a peer that never
+    failed by itself: the peer stopped answering (frozen, e.g. by SIGSTOP, or cut off) and
+    exited only when the launcher stopped it. ``None`` otherwise.
+
+    ``blames[task]`` is the task that ``task``'s error record names as the reason it stopped
+    (its ``root_task``). From a ``root`` that exited "peer failed" (201), the links are
+    followed (``worker:0 -> chief:0 -> worker:1``) to the task they end at, the culprit; the
+    witness is the last task on the way, the one that saw the culprit go silent. The culprit
+    must have exited only after the launcher's signal (or not at all): a task that failed on
+    its own would be the root cause already (:func:`root_cause`).
+    """
+    if root.code not in exitcodes.SECONDARY:
+        return None
+    chain = [root.task]
+    while chain[-1] in blames and blames[chain[-1]] not in chain:
+        chain.append(blames[chain[-1]])
+    if len(chain) < 2:
+        return None
+    culprit = chain[-1]
+    ended = [e for e in exits if e.task == culprit]
+    if ended and not ended[-1].stopped:
+        return None
+    return culprit, chain[-2]
 
 
 def decide(root_code: int | None, *, restarts_done: int, max_restarts: int,

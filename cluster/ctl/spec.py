@@ -10,13 +10,16 @@ cluster file" is the reference of every key.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cluster._placement import JOB_NAMES, check_address
+from cluster._address import check_address
+from cluster._placement import JOB_NAMES
 from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
+from cluster.ctl._network import check_ports, parse_host, parse_port_base
 from cluster.ctl._resources import parse_resources
 from cluster.ctl._yaml import Located, YamlError, load
 from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
@@ -27,6 +30,8 @@ __all__ = [
     "ClusterFile",
     "JobSpec",
     "Limits",
+    "HEARTBEAT_RANGE",
+    "MAX_FILE_BYTES",
     "MAX_TASKS",
     "Problem",
     "RestartPolicy",
@@ -36,6 +41,11 @@ __all__ = [
 ]
 
 MAX_TASKS = 1024  # default limits.max_tasks (README: "Limits at scale")
+MAX_FILE_BYTES = 1 << 20  # a cluster file larger than this is refused unread
+# timeouts.heartbeat: at least two heartbeat intervals (0.5 s each), or a busy machine's
+# scheduling delay reads as a lost peer; at most an hour, or a frozen task goes unnoticed for
+# longer than any checkpoint interval (a hard limit on a run is timeouts.run).
+HEARTBEAT_RANGE = (1.0, 3600.0)
 RESERVED_ENV = ("TF_CONFIG", "CLUSTER_TOKEN", "CLUSTER_ERROR_FILE", "CLUSTER_LAUNCHER_PID",
                 "CLUSTER_RESTART_COUNT")
 RESTART_POLICIES = ("exit-code", "on-failure", "never")
@@ -55,10 +65,13 @@ class Timeouts:
     heartbeat: float = 3.0  # TaskSettings.heartbeat_timeout: README "Across hosts"
 
     def __post_init__(self) -> None:
-        if not (self.startup > 0 and self.grace >= 0 and self.heartbeat > 0):
-            raise ValueError(f"timeouts must be positive: {self}")
-        if self.run is not None and not self.run > 0:
-            raise ValueError(f"timeouts.run must be > 0 or None, got {self.run!r}")
+        low, high = HEARTBEAT_RANGE
+        if not (0 < self.startup < math.inf and 0 <= self.grace < math.inf
+                and low <= self.heartbeat <= high):
+            raise ValueError(f"timeouts must be finite and positive, heartbeat {low:g} to "
+                             f"{high:g}: {self}")
+        if self.run is not None and not 0 < self.run < math.inf:
+            raise ValueError(f"timeouts.run must be > 0 and finite, or None; got {self.run!r}")
 
 
 @dataclass(frozen=True)
@@ -365,23 +378,6 @@ def _cluster(c: Checker, top: dict[str, Located], where: _Where) -> tuple[JobSpe
     return jobs
 
 
-def _host(c: Checker, node: Located) -> str | None:
-    host = c.string(node, "host")
-    if host is not None and (":" in host.strip("[]") and not host.startswith("[")):
-        c.add(node.line, "host", f"{host!r}: give the host only; ports are chosen",
-              "write IPv6 hosts in brackets, e.g. [::1]")
-        return None
-    return host
-
-
-def _port_base(c: Checker, node: Located) -> int | None:
-    port = c.number(node, "port_base", minimum=1, strict=False, integer=True)
-    if port is not None and port > 65535:
-        c.add(node.line, "port_base", f"port {port} is above 65535")
-        return None
-    return None if port is None else int(port)
-
-
 def _restart(c: Checker, node: Located, where: _Where) -> RestartPolicy | None:
     restart = c.mapping(node, "restart", _RESTART_KEYS, "restart settings")
     if restart is None:
@@ -416,9 +412,13 @@ def _restart(c: Checker, node: Located, where: _Where) -> RestartPolicy | None:
 
 def _log_dir(c: Checker, top: dict[str, Located], where: _Where) -> Path:
     log_dir = c.string(top["log_dir"], "log_dir") if "log_dir" in top else None
-    if log_dir is None:
-        return where.base / "runs"
-    return (where.base / Path(log_dir).expanduser()).resolve()
+    path = (where.base / Path(log_dir).expanduser()).resolve() if log_dir else where.base / "runs"
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():  # launch could never make a run dir
+        c.add(top["log_dir"].line if "log_dir" in top else where.root_line, "log_dir",
+              f"{blocker} is a file, not a directory, so {path} cannot be made",
+              "point log_dir at a directory (it is made when missing)")
+    return path
 
 
 def _timeouts(c: Checker, node: Located) -> Timeouts | None:
@@ -429,7 +429,15 @@ def _timeouts(c: Checker, node: Located) -> Timeouts | None:
     for key in _TIMEOUT_KEYS:
         if key not in timeouts or (key == "run" and timeouts[key].value is None):
             continue
-        v = c.number(timeouts[key], f"timeouts.{key}", minimum=0, strict=key != "grace")
+        if key == "heartbeat":
+            low, high = HEARTBEAT_RANGE
+            v = c.number(timeouts[key], "timeouts.heartbeat", minimum=low, strict=False,
+                         maximum=high, hint=f"seconds of silence before a peer is lost: "
+                         f"{low:g} to {high:g} (default {Timeouts.heartbeat:g})")
+        else:
+            v = c.number(timeouts[key], f"timeouts.{key}", minimum=0, strict=key != "grace",
+                         hint="leave timeouts.run out for no limit" if key == "run"
+                         else "a number of seconds")
         if v is not None:
             kwargs[key] = float(v)
     return Timeouts(**kwargs)
@@ -446,10 +454,10 @@ def _limits(c: Checker, node: Located) -> Limits | None:
 
 
 def _check_counts(c: Checker, top: dict[str, Located], jobs: tuple[JobSpec, ...],
-                  limits: Limits, port_base: int | None) -> None:
-    """The total number of tasks against ``limits.max_tasks``, and ``port_base``'s range:
-    checked here, before any port is chosen or any process started (a ``worker: 100000``
-    typo would otherwise bind thousands of sockets before failing)."""
+                  limits: Limits) -> None:
+    """The total number of tasks against ``limits.max_tasks``: checked here, before any port
+    is chosen or any process started (a ``worker: 100000`` typo would otherwise bind thousands
+    of sockets, then fork until the process limit)."""
     total = sum(job.count for job in jobs)
     if total > limits.max_tasks:
         biggest = max(jobs, key=lambda j: j.count)
@@ -460,10 +468,6 @@ def _check_counts(c: Checker, top: dict[str, Located], jobs: tuple[JobSpec, ...]
               f"limits.max_tasks = {limits.max_tasks}",
               f"if this is no typo, add `limits: {{max_tasks: {total}}}` (each task is a "
               "process with its own interpreter; see the README's \"Limits at scale\")")
-    counted = sum(job.count for job in jobs if job.addresses is None)
-    if port_base is not None and port_base + counted - 1 > 65535:
-        c.add(top["port_base"].line, "port_base", f"{counted} consecutive ports from "
-              f"{port_base} go past 65535", f"use port_base <= {max(1, 65536 - counted)}")
 
 
 def _top_level(file: str, text: str, c: Checker) -> tuple[Located, dict[str, Located]]:
@@ -471,7 +475,7 @@ def _top_level(file: str, text: str, c: Checker) -> tuple[Located, dict[str, Loc
     try:
         root = load(text)
     except YamlError as e:
-        hint = "check the indentation and quoting around this line"
+        hint = e.hint or "check the indentation and quoting around this line"
         raise ClusterFileError([Problem(file, e.line, "", f"invalid YAML: {e}", hint)]) from e
     if root is None:
         raise ClusterFileError([Problem(file, 1, "", "the file is empty",
@@ -507,9 +511,9 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
         values["env"] = _env(c, top["env"])
     values["jobs"] = _cluster(c, top, where)
     if "host" in top:
-        values["host"] = _host(c, top["host"])
+        values["host"] = parse_host(c, top["host"])
     if "port_base" in top and top["port_base"].value is not None:
-        values["port_base"] = _port_base(c, top["port_base"])
+        values["port_base"] = parse_port_base(c, top["port_base"])
     if "restart" in top:
         values["restart"] = _restart(c, top["restart"], where)
     values["log_dir"] = _log_dir(c, top, where)
@@ -520,19 +524,38 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     if "resources" in top:
         values["resources"] = parse_resources(c, top["resources"])
     if values["jobs"] and values.get("limits", Limits()) is not None:
-        _check_counts(c, top, values["jobs"], values.get("limits", Limits()),
-                      values.get("port_base"))
+        _check_counts(c, top, values["jobs"], values.get("limits", Limits()))
+    if values["jobs"] and values.get("host", "") is not None:
+        check_ports(c, top, values["jobs"], values.get("host", ClusterFile.host),
+                    values.get("port_base"))
     if c.problems:
         raise ClusterFileError(sorted(c.problems, key=lambda p: p.line))
     return ClusterFile(path=path.resolve(), **values)
 
 
 def load_cluster_file(path: str | Path) -> ClusterFile:
-    """Read and validate a cluster file; :class:`ClusterFileError` when unreadable or invalid."""
+    """Read and validate a cluster file; :class:`ClusterFileError` when unreadable or invalid.
+
+    At most :data:`MAX_FILE_BYTES` are read (a cluster file is a few hundred bytes; listing
+    every address of 10,000 tasks takes ~250 KB), and the text must be UTF-8, as YAML 1.2 says.
+    """
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise ClusterFileError([Problem(str(path), 0, "", f"cannot read the file: "
                                         f"{e.strerror or e}")]) from e
+    if len(data) > MAX_FILE_BYTES:
+        raise ClusterFileError([Problem(str(path), 0, "", f"larger than {MAX_FILE_BYTES:,} "
+                                        "bytes: not a cluster file",
+                                        "a cluster file is a short YAML mapping; see the "
+                                        "README's \"The cluster file\"")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ClusterFileError([Problem(str(path), line, "", f"not UTF-8 text: byte "
+                                        f"0x{data[e.start]:02x} at offset {e.start}",
+                                        "save the file as UTF-8")]) from e
     return parse_cluster_file(text, path)

@@ -23,13 +23,23 @@ def assign_addresses(spec: ClusterFile,
     """``{job: [address, ...]}`` for every job of ``spec`` (cluster order).
 
     ``pick(host, n)`` chooses the ports when ``spec`` has no ``port_base``; it raises
-    ``OSError`` when ``host`` cannot be bound, and so does this function.
+    ``OSError`` when ``host`` cannot be bound, and so does this function. Ports a listed task
+    uses on ``host`` are never handed to a counted task: a chosen port may be one a listed task
+    has not bound yet, and a renderer's default ``port_base`` may run into one (a file's own
+    ``port_base`` that does is refused by validation).
     """
     counted = sum(job.count for job in spec.jobs if job.addresses is None)
+    taken = {int(port) for job in spec.jobs for host, _, port in
+             (a.rpartition(":") for a in job.addresses or ()) if host.lower() == spec.host.lower()}
     if spec.port_base is not None:
-        ports = list(range(spec.port_base, spec.port_base + counted))
+        free = (p for p in range(spec.port_base, 65536) if p not in taken)
+        ports = [p for _, p in zip(range(counted), free, strict=False)]
+    elif counted:
+        ports = [p for p in pick(spec.host, counted + len(taken)) if p not in taken][:counted]
     else:
-        ports = pick(spec.host, counted) if counted else []
+        ports = []
+    if len(ports) < counted:
+        raise OSError(f"no {counted} free ports from {spec.port_base} on {spec.host}")
     addresses: dict[str, list[str]] = {}
     for job in spec.jobs:
         if job.addresses is not None:

@@ -15,6 +15,7 @@ from cluster.ctl.policy import (
     failed_exit_code,
     on_task_exit,
     root_cause,
+    unresponsive,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -188,3 +189,29 @@ def test_root_cause_coordinator(exits, root) -> None:
 ])
 def test_failed_exit_code(exits, mode, code) -> None:
     assert failed_exit_code(exits, mode, 1) == code
+
+
+W0_201 = TaskExit("worker:0", 201, 0)
+C_201 = TaskExit("chief:0", 201, 1, stopped=True)
+W1_STOPPED = TaskExit("worker:1", 137, 2, stopped=True)
+
+
+@pytest.mark.parametrize(("root", "exits", "blames", "found"), [
+    # worker:1 frozen: the chief lost it, worker:0 followed the chief; clusterctl killed worker:1
+    (W0_201, [W0_201, C_201, W1_STOPPED], {"worker:0": "chief:0", "chief:0": "worker:1"},
+     ("worker:1", "chief:0")),
+    (C_201, [C_201, W1_STOPPED], {"chief:0": "worker:1"}, ("worker:1", "chief:0")),
+    # the blamed task has not exited at all (still frozen when the attempt was judged)
+    (C_201, [C_201], {"chief:0": "worker:1"}, ("worker:1", "chief:0")),
+    # the blamed task exited on its own: it failed, it is no silent peer (root_cause's job)
+    (C_201, [C_201, TaskExit("worker:1", 1, 1)], {"chief:0": "worker:1"}, None),
+    (C_201, [C_201, TaskExit("worker:1", 0, 1)], {"chief:0": "worker:1"}, None),
+    # no record names anyone, or the root failed by itself
+    (C_201, [C_201, W1_STOPPED], {}, None),
+    (TaskExit("worker:1", 1, 0), [TaskExit("worker:1", 1, 0)], {"worker:1": "chief:0"}, None),
+    # records blaming each other: the chain stops at the repeat
+    (W0_201, [W0_201, C_201], {"worker:0": "chief:0", "chief:0": "worker:0"},
+     ("chief:0", "worker:0")),
+])
+def test_unresponsive(root, exits, blames, found) -> None:
+    assert unresponsive(root, exits, blames) == found
