@@ -69,7 +69,7 @@ def task_hosts(spec: ClusterFile, namespace: str = DEFAULT_NAMESPACE) -> dict[st
 
 def _names(hosts: Iterable[str]) -> list[x509.GeneralName]:
     names: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):
+    for host in dict.fromkeys(h.strip("[]") for h in hosts):  # "[::1]" is an IPv6 address
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:

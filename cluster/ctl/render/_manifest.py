@@ -81,9 +81,9 @@ def tls_volumes(spec: ClusterFile) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def secrets_needed(spec: ClusterFile, namespace: str) -> str:
-    """The header's sentence naming the Secrets the objects need (README "Running on
+    """The header's words after "Needs ...": the Secrets the objects need (README "Running on
     Kubernetes", "Encryption (TLS)")."""
-    text = (f"Needs the Secret {token_secret(spec)} (key {TOKEN_KEY!r}) in namespace "
+    text = (f"the Secret {token_secret(spec)} (key {TOKEN_KEY!r}) in namespace "
             f"{namespace}: see the README, \"Running on Kubernetes\".")
     if spec.tls is not None:
         text += (f"\nAnd the Secret {tls_secret(spec)}: `clusterctl certs DIR "
