@@ -37,6 +37,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -151,14 +152,26 @@ def _cluster(workers: int, ps: int) -> dict[str, list[str]]:
     return spec
 
 
-def _env(spec: dict, token: str, job: str, index: int) -> dict[str, str]:
-    return {**os.environ, "CLUSTER_TOKEN": token, "PYTHONPATH": str(REPO),
+def _env(spec: dict, token: str, job: str, index: int,
+         tls: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "CLUSTER_TOKEN": token, "PYTHONPATH": str(REPO), **(tls or {}),
             "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": job, "index": index}})}
 
 
-def _start_ps(children: Children, spec: dict, token: str) -> None:
+def _tls_files(directory: Path) -> dict[str, str]:
+    """``--tls``: a CA and one certificate for 127.0.0.1 in ``directory``, as CLUSTER_TLS_*."""
+    from cluster.ctl.certs import write_host_cert
+
+    write_host_cert(directory, [])
+    return {"CLUSTER_TLS_CERT": str(directory / "cluster.pem"),
+            "CLUSTER_TLS_KEY": str(directory / "cluster.key"),
+            "CLUSTER_TLS_CA": str(directory / "ca.pem")}
+
+
+def _start_ps(children: Children, spec: dict, token: str,
+              tls: dict[str, str] | None = None) -> None:
     started = [children.start(f"ps:{i}", [sys.executable, "-m", "ps"],
-                              _env(spec, token, "ps", i), marker=READY)
+                              _env(spec, token, "ps", i, tls), marker=READY)
                for i in range(len(spec["ps"]))]
     deadline = time.monotonic() + START_SECONDS
     for child in started:
@@ -178,20 +191,24 @@ def _timed(fn, iters: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def bench_transfer(sizes: list[int], ps_counts: list[int], iters: int,
-                   warmup: int) -> dict[tuple[int, int], tuple[float, float]]:
-    """``{(ps, size): (pull seconds, push seconds)}``."""
+def bench_transfer(sizes: list[int], ps_counts: list[int], iters: int, warmup: int,
+                   tls: dict[str, str] | None = None
+                   ) -> dict[tuple[int, int], tuple[float, float]]:
+    """``{(ps, size): (pull seconds, push seconds)}``; ``tls``: CLUSTER_TLS_* for every side."""
     from cluster.ps.connections import PsConnections
     from cluster.ps.store import OptimizerSpec
     from cluster.transport.auth import Token
+    from cluster.transport.tls import TlsConfig
 
     token = os.urandom(16).hex()
     spec = _cluster(0, max(ps_counts))
     out = {}
     with Children() as children:
-        _start_ps(children, spec, token)
+        _start_ps(children, spec, token, tls)
         tasks = [(f"ps:{i}", address) for i, address in enumerate(spec["ps"])]
-        connections = PsConnections(tasks, Token(token), timeout=120)
+        config = tls and TlsConfig.load(cert=tls["CLUSTER_TLS_CERT"],
+                                        key=tls["CLUSTER_TLS_KEY"], ca=tls["CLUSTER_TLS_CA"])
+        connections = PsConnections(tasks, Token(token, config or None), timeout=120)
         sgd = OptimizerSpec.sgd(0.01)
         try:
             for p in ps_counts:
@@ -336,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10, help="transfer: timed calls per size")
     parser.add_argument("--warmup", type=int, default=2, help="transfer: untimed calls first")
     parser.add_argument("--no-echo", action="store_true", help="skip the bare gRPC rows")
+    parser.add_argument("--tls", action="store_true",
+                        help="transfer: also run every size with mutual TLS (README: "
+                             "\"Encryption (TLS)\")")
     parser.add_argument("--workers", default="1,2,4", help="training: comma list")
     parser.add_argument("--modes", default="async,sync", help="training: async, sync or both")
     parser.add_argument("--train-ps", type=int, default=1, help="training: ps tasks")
@@ -366,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         print("|" + "---|" * (head.count("|") - 1), flush=True)
         found = bench_transfer(sizes, ps_counts, args.iters, args.warmup)
         runs = [(f"ps x{p}", {s: found[p, s] for s in sizes}) for p in ps_counts]
+        if args.tls:
+            with tempfile.TemporaryDirectory() as certs:
+                secure = bench_transfer(sizes, ps_counts, args.iters, args.warmup,
+                                        _tls_files(Path(certs)))
+            runs += [(f"ps x{p} TLS", {s: secure[p, s] for s in sizes}) for p in ps_counts]
         if not args.no_echo:
             runs.append(("gRPC echo", bench_echo(sizes, args.iters, args.warmup)))
         for server, by_size in runs:

@@ -36,6 +36,9 @@ __all__ = [
     "ENV_HEARTBEAT_TIMEOUT",
     "ENV_LAUNCHER_PID",
     "ENV_RESTART_COUNT",
+    "ENV_TLS_CA",
+    "ENV_TLS_CERT",
+    "ENV_TLS_KEY",
     "ENV_TOKEN",
     "ENV_VARS",
     "TaskSettings",
@@ -54,6 +57,10 @@ ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
 ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
 ENV_RESTART_COUNT = "CLUSTER_RESTART_COUNT"
 ENV_GRACE_PERIOD = "CLUSTER_GRACE_PERIOD"
+ENV_TLS_CERT = "CLUSTER_TLS_CERT"
+ENV_TLS_KEY = "CLUSTER_TLS_KEY"
+ENV_TLS_CA = "CLUSTER_TLS_CA"
+_TLS_VARS = (ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA)
 
 DATA_PLANES = ("tcp", "grpc")
 
@@ -113,6 +120,8 @@ class TaskSettings:
     ``restart_count`` is the attempt number the launcher gives (0 on the first);
     ``grace_period`` is the launcher's time from SIGTERM to SIGKILL (``timeouts.grace``; ``None``
     when no launcher said), which a preemption save must fit in;
+    ``tls_files`` is ``(cert, key, ca)``, the paths of ``CLUSTER_TLS_CERT``/``_KEY``/``_CA``
+    (all three or none; :class:`cluster.transport.tls.TlsConfig` reads the files);
     ``stop_with_coordinator`` (``CLUSTER_STOP_WITH_COORDINATOR=1``) makes a task that only
     serves (a parameter server, a worker of ``mode: coordinator``) exit 0 once the coordinator's
     task (the chief) has finished cleanly, for launchers that do not stop servers themselves
@@ -133,6 +142,7 @@ class TaskSettings:
     error_file: str | None = None
     restart_count: int = 0
     grace_period: float | None = None
+    tls_files: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -193,6 +203,12 @@ class TaskSettings:
         grace = env.get(ENV_GRACE_PERIOD, "").strip()
         if grace:
             values["grace_period"] = _parse_grace(grace)
+        tls = tuple(env.get(var, "").strip() for var in _TLS_VARS)
+        if any(tls) and not all(tls):
+            missing = ", ".join(v for v, path in zip(_TLS_VARS, tls, strict=True) if not path)
+            raise TaskConfigError(f"TLS needs all of {', '.join(_TLS_VARS)}; {missing} unset "
+                                  "(`clusterctl certs DIR FILE` makes the files)")
+        values["tls_files"] = tls if all(tls) else None
         return cls(**values)
 
 
@@ -209,6 +225,11 @@ ENV_VARS = (
     ("CLUSTER_SLURM_PORT_BASE", "8888", "Under `srun`: the first task port on each node."),
     (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
     (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
+    (ENV_TLS_CERT, "unset", "This task's certificate (PEM): with `_KEY` and `_CA`, mutual TLS "
+     "on every connection (README: \"Encryption (TLS)\")."),
+    (ENV_TLS_KEY, "unset", "The private key of `CLUSTER_TLS_CERT` (PEM)."),
+    (ENV_TLS_CA, "unset", "The cluster's CA certificate (PEM): peers must present a certificate "
+     "it signed."),
     (ENV_STOP_WITH_COORDINATOR, "0",
      "1: a task that only serves exits 0 once the chief has finished (Kubernetes Jobs)."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),

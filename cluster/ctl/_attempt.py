@@ -34,6 +34,7 @@ from cluster import exitcodes
 from cluster.ctl import policy
 from cluster.ctl._output import Console
 from cluster.ctl._task_process import TaskProcess
+from cluster.ctl.certs import RunTls
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import tf_config
 from cluster.deadline import Deadline
@@ -112,7 +113,7 @@ class Attempt:
 
     def __init__(self, spec: ClusterFile, console: Console, run_dir: Path, token: str,
                  addresses: dict[str, list[str]], restarts: int, signals: SignalPipe,
-                 number: int, restart_delay: float) -> None:
+                 number: int, restart_delay: float, tls: RunTls | None = None) -> None:
         self.spec, self.console, self.signals = spec, console, signals
         self.addresses = addresses
         self.tasks = [TaskProcess(job, i, run_dir) for job, i in spec.tasks()]
@@ -126,6 +127,7 @@ class Attempt:
         self._restarts = restarts
         self._number = number
         self._restart_delay = restart_delay
+        self._tls = tls
         self.sel = selectors.DefaultSelector()
 
     def _env(self, task: TaskProcess) -> dict[str, str]:
@@ -145,6 +147,8 @@ class Attempt:
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
+        if self._tls is not None:  # tls: in the cluster file: CLUSTER_TLS_CERT/_KEY/_CA
+            env.update(self._tls.env(task.job, task.index))
         return env
 
     def _spawn(self, task: TaskProcess) -> None:

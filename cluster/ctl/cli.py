@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from cluster.ctl import render
+from cluster.ctl import certs, render
 from cluster.ctl.launcher import LaunchError, LaunchSetupError, launch
 from cluster.ctl.render.tf_config import PORT_BASE
 from cluster.ctl.spec import ClusterFile, load_cluster_file
@@ -64,12 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     render_cmd.add_argument("--nodes", type=int, metavar="N", help="slurm: #SBATCH --nodes")
     render_cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
     render_cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
+    certs.add_parser(sub)
     return parser
 
 
-def _load(path: str) -> ClusterFile | None:
+def _load(path: str, *, tls_files: bool = True) -> ClusterFile | None:
     try:
-        return load_cluster_file(path)
+        return load_cluster_file(path, tls_files=tls_files)
     except ClusterFileError as e:
         count = len(e.problems)
         print(f"clusterctl: {path}: {count} problem{'s' if count > 1 else ''}; nothing started",
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "certs":  # FILE is optional here
+        spec = _load(args.file, tls_files=False) if args.file else None
+        return EXIT_USAGE if args.file and spec is None else certs.main(args, spec)
     spec = _load(args.file)
     if spec is None:
         return EXIT_USAGE

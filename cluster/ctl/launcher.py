@@ -38,6 +38,7 @@ from cluster.ctl import policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
 from cluster.ctl._task_process import TaskStartError
+from cluster.ctl.certs import prepare_run
 from cluster.ctl.ports import ensure_fd_limit
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import assign_addresses
@@ -187,6 +188,11 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     first = _first_addresses(spec)
     run_dir = _make_run_dir(spec, run_dir)
     token = secrets.token_urlsafe(32)
+    try:
+        tls = prepare_run(spec, run_dir)  # tls: auto makes the certificates here, once per run
+    except OSError as e:
+        raise LaunchSetupError(f"cannot write the run's TLS certificates in {run_dir}: "
+                               f"{e.strerror or e}") from e
     started = time.monotonic()
     restarts, port_retries, attempts = 0, PORT_RETRIES, 0
     signals = SignalPipe()
@@ -201,7 +207,7 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                 where = _where(addresses)
                 console.info(f"run {spec.name} attempt {attempts}: {where}; logs in {run_dir}")
                 attempt = Attempt(spec, console, run_dir, token, addresses, restarts, signals,
-                                  attempts, restart_delay=TASK_RESTART_DELAY)
+                                  attempts, restart_delay=TASK_RESTART_DELAY, tls=tls)
                 try:
                     outcome = attempt.run()
                 except TaskStartError as e:

@@ -21,6 +21,7 @@ from cluster._placement import JOB_NAMES
 from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
 from cluster.ctl._network import check_ports, parse_host, parse_port_base
 from cluster.ctl._resources import parse_resources
+from cluster.ctl._tls_spec import TlsSpec, parse_tls
 from cluster.ctl._yaml import Located, YamlError, load
 from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
 from cluster.errors import ClusterFileError
@@ -36,6 +37,7 @@ __all__ = [
     "Problem",
     "RestartPolicy",
     "Timeouts",
+    "TlsSpec",
     "load_cluster_file",
     "parse_cluster_file",
 ]
@@ -143,6 +145,7 @@ class ClusterFile:
     mode: str = COLLECTIVE
     limits: Limits = Limits()
     resources: dict[str, dict[str, str]] = field(default_factory=dict)  # Kubernetes only
+    tls: TlsSpec | None = None  # mutual TLS: cluster/ctl/_tls_spec.py
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -187,7 +190,7 @@ class ClusterFile:
 
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
-             "port_base", "restart", "log_dir", "timeouts", "limits", "resources")
+             "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "tls")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
@@ -486,9 +489,11 @@ def _top_level(file: str, text: str, c: Checker) -> tuple[Located, dict[str, Loc
     return root, top
 
 
-def parse_cluster_file(text: str, path: Path) -> ClusterFile:
+def parse_cluster_file(text: str, path: Path, *, tls_files: bool = True) -> ClusterFile:
     """Validate ``text`` as the cluster file at ``path`` (relative paths resolve against its
     directory). Raises :class:`ClusterFileError` listing every problem, sorted by line.
+    ``tls_files=False`` skips checking that ``tls.dir`` holds the certificates (``clusterctl
+    certs`` is about to write them).
 
     Each section parser adds its problems to one list and returns what it could read (None
     only after adding a problem); sections are read in a fixed order, so problems on the same
@@ -523,6 +528,8 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
         values["limits"] = _limits(c, top["limits"])
     if "resources" in top:
         values["resources"] = parse_resources(c, top["resources"])
+    if "tls" in top:
+        values["tls"] = parse_tls(c, top["tls"], where.base, values["jobs"] or (), tls_files)
     if values["jobs"] and values.get("limits", Limits()) is not None:
         _check_counts(c, top, values["jobs"], values.get("limits", Limits()))
     if values["jobs"] and values.get("host", "") is not None:
@@ -533,11 +540,13 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
     return ClusterFile(path=path.resolve(), **values)
 
 
-def load_cluster_file(path: str | Path) -> ClusterFile:
+def load_cluster_file(path: str | Path, *, tls_files: bool = True) -> ClusterFile:
     """Read and validate a cluster file; :class:`ClusterFileError` when unreadable or invalid.
 
     At most :data:`MAX_FILE_BYTES` are read (a cluster file is a few hundred bytes; listing
     every address of 10,000 tasks takes ~250 KB), and the text must be UTF-8, as YAML 1.2 says.
+    ``tls_files=False`` skips checking that a ``tls: {dir: ...}`` directory holds the files
+    (``clusterctl certs`` writes them).
     """
     path = Path(path)
     try:
@@ -558,4 +567,4 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
         raise ClusterFileError([Problem(str(path), line, "", f"not UTF-8 text: byte "
                                         f"0x{data[e.start]:02x} at offset {e.start}",
                                         "save the file as UTF-8")]) from e
-    return parse_cluster_file(text, path)
+    return parse_cluster_file(text, path, tls_files=tls_files)

@@ -18,6 +18,7 @@ import grpc
 
 from cluster.errors import ClusterError
 from cluster.settings import ENV_ALLOW_INSECURE, ENV_TOKEN
+from cluster.transport.tls import TlsConfig
 
 if TYPE_CHECKING:
     from cluster.settings import TaskSettings
@@ -41,9 +42,12 @@ class InsecureClusterError(ClusterError):
 
 @dataclass(frozen=True)
 class Token:
-    """The shared secret, or ``None`` for an insecure loopback cluster. ``repr`` hides it."""
+    """The shared secret, or ``None`` for an insecure loopback cluster. ``repr`` hides it.
+    ``tls``: the task's certificates when it runs mutual TLS (:mod:`cluster.transport.tls`),
+    carried with the token to every server and channel the task makes."""
 
     value: str | None = field(repr=False)
+    tls: TlsConfig | None = None
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -77,18 +81,20 @@ def resolve_token(addresses: Iterable[str], settings: TaskSettings) -> Token:
 
     No token: a cluster whose addresses are all loopback runs with a warning; any other raises
     :class:`InsecureClusterError` unless ``settings.allow_insecure`` (``CLUSTER_ALLOW_INSECURE=1``).
+    The token carries ``settings.tls_files`` as a :class:`TlsConfig` (:class:`TaskConfigError`
+    when those files are unusable).
     """
-    value = settings.token
+    value, tls = settings.token, TlsConfig.from_settings(settings)
     if value is not None:
-        return Token(value)
+        return Token(value, tls)
     addresses = list(addresses)
     if all(_is_loopback(a) for a in addresses):
         log.warning("%s is not set: running unauthenticated on loopback", ENV_TOKEN)
-        return Token(None)
+        return Token(None, tls)
     if settings.allow_insecure:
         log.warning("%s is not set and %s=1: RPCs are unauthenticated", ENV_TOKEN,
                     ENV_ALLOW_INSECURE)
-        return Token(None)
+        return Token(None, tls)
     remote = sorted(a for a in addresses if not _is_loopback(a))
     raise InsecureClusterError(
         f"{ENV_TOKEN} is not set and the cluster has non-loopback addresses ({', '.join(remote)}):"

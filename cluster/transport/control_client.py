@@ -22,6 +22,7 @@ from cluster.transport.auth import Token
 from cluster.transport.control import SERVICE
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
+from cluster.transport.tls import open_channel
 
 __all__ = ["CheckAnswer", "ControlClient"]
 
@@ -65,7 +66,8 @@ class ControlClient:
     def _channel(self, task: str, address: str) -> grpc.Channel:
         with self._lock:
             if task not in self._channels:
-                self._channels[task] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[task] = open_channel(address, CHANNEL_OPTIONS,
+                                                      self._token.tls)
             return self._channels[task]
 
     def check(self, peers: dict[str, str], timeout: float) -> dict[str, CheckAnswer]:

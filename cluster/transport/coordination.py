@@ -50,6 +50,7 @@ from cluster.transport.membership import (
 )
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CONTROL_CHANNEL_OPTIONS
+from cluster.transport.tls import open_channel
 
 __all__ = [
     "MAX_HEARTBEATS_PER_SECOND",
@@ -267,7 +268,7 @@ class CoordinationClient:
         self._on_event = on_event
         self._on_lost = on_coordinator_lost
         # Small messages only: no bulk-transfer buffers (they cost ~250 KiB per connection).
-        self._channel = grpc.insecure_channel(self.address, options=CONTROL_CHANNEL_OPTIONS)
+        self._channel = open_channel(self.address, CONTROL_CHANNEL_OPTIONS, token.tls)
         self._register_call = self._method("Register", coordination_pb2.RegisterRequest,
                                            coordination_pb2.RegisterReply)
         self._heartbeat_call = self._method(

@@ -68,6 +68,7 @@ from cluster.transport.endpoint import DATA_PORT_KEY, SERVICE, SRC_RANK_KEY, Col
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
 from cluster.transport.tcp import TcpDataPlane
+from cluster.transport.tls import open_channel
 
 __all__ = ["MAX_FRAME_BYTES", "NetworkTransport"]
 
@@ -215,8 +216,8 @@ class NetworkTransport(Transport):
         with self._channels_lock:
             channel = self._channels.get(rank)
             if channel is None:
-                channel = self._channels[rank] = grpc.insecure_channel(
-                    self._peers[rank].address, options=CHANNEL_OPTIONS)
+                channel = self._channels[rank] = open_channel(
+                    self._peers[rank].address, CHANNEL_OPTIONS, self.token.tls)
             return channel
 
     def _close_raise(self, error: ClusterError) -> NoReturn:

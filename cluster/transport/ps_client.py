@@ -28,6 +28,7 @@ from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
 from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
+from cluster.transport.tls import open_channel
 
 __all__ = ["SERVICE", "PsClient", "PsWatch", "optimizer_from_proto", "optimizer_to_proto"]
 
@@ -70,7 +71,7 @@ class PsClient:
         self.timeout = timeout
         self._peer = PeerInfo(-1, task, address)
         self._token = token if isinstance(token, Token) else Token(token)
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, CHANNEL_OPTIONS, self._token.tls)
         # A type of None: bytes written or parsed here by _ps_codec (tensors skip protobuf).
         self._calls = {
             name: self._channel.unary_unary(
@@ -198,7 +199,7 @@ class PsWatch:
     def __init__(self, peers: Sequence[PeerInfo], token: Token, *, me: str,
                  on_gone: Callable[[PeerInfo, PeerUnavailableError | None], None],
                  interval: float, timeout: float) -> None:
-        self._channels = {p.rank: grpc.insecure_channel(p.address, options=CHANNEL_OPTIONS)
+        self._channels = {p.rank: open_channel(p.address, CHANNEL_OPTIONS, token.tls)
                           for p in peers}
         self._monitor = HeartbeatMonitor(
             PeerInfo(-1, me, ""), list(peers), self._channels, token,

@@ -11,6 +11,7 @@ import grpc
 
 from cluster.transport.auth import Token, TokenInterceptor
 from cluster.transport.names import Bind, bind_choice
+from cluster.transport.tls import add_port
 
 __all__ = ["CHANNEL_OPTIONS", "CONTROL_CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers",
            "TaskServer"]
@@ -82,7 +83,7 @@ class TaskServer:
             raise OSError(f"cannot bind gRPC server to {address}: expected host:port")
         listen = address if choice.why is Bind.SPEC else choice.address(int(wanted))
         try:
-            port = self._server.add_insecure_port(listen)
+            port = add_port(self._server, listen, token.tls)  # mutual TLS when on
         except RuntimeError as e:
             raise OSError(f"cannot bind gRPC server to {listen}: address in use or invalid") from e
         if port == 0:

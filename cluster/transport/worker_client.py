@@ -22,6 +22,7 @@ from cluster.transport.auth import Token
 from cluster.transport.control import SERVICE as CONTROL_SERVICE
 from cluster.transport.control import HeartbeatMonitor
 from cluster.transport.server import CHANNEL_OPTIONS
+from cluster.transport.tls import open_channel
 
 __all__ = ["SERVICE", "Health", "PendingCall", "WorkerClient"]
 
@@ -77,7 +78,7 @@ class WorkerClient:
         self.peer = PeerInfo(-1, task, address)
         self._token = token
         self._me = me
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, CHANNEL_OPTIONS, token.tls)
         self._run = self._channel.unary_unary(
             f"/{SERVICE}/Run", request_serializer=coordinator_pb2.RunRequest.SerializeToString,
             response_deserializer=coordinator_pb2.RunReply.FromString)

@@ -22,6 +22,9 @@ from cluster.settings import (
     ENV_CONNECT_TIMEOUT,
     ENV_GRACE_PERIOD,
     ENV_HEARTBEAT_TIMEOUT,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
     ENV_TOKEN,
 )
 
@@ -30,6 +33,7 @@ __all__ = [
     "LABEL_JOB",
     "LABEL_RUN",
     "PORT",
+    "TLS_DIR",
     "TOKEN_KEY",
     "active_deadline",
     "check_for_kubernetes",
@@ -39,6 +43,9 @@ __all__ = [
     "labels",
     "resources",
     "runtime_env",
+    "secrets_needed",
+    "tls_secret",
+    "tls_volumes",
     "token_secret",
     "working_dir",
 ]
@@ -48,6 +55,7 @@ CODE_DIR = PurePosixPath("/workspace")
 LABEL_RUN = "cluster-runtime.dev/run"
 LABEL_JOB = "cluster-runtime.dev/job"
 TOKEN_KEY = "token"
+TLS_DIR = PurePosixPath("/etc/cluster-runtime/tls")  # the tls Secret's mount in every pod
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035 label: Service/TFJob names
 _MAX_LABEL = 63
 
@@ -55,6 +63,34 @@ _MAX_LABEL = 63
 def token_secret(spec: ClusterFile) -> str:
     """The Secret holding the run's ``CLUSTER_TOKEN`` (key :data:`TOKEN_KEY`)."""
     return f"{spec.name}-token"
+
+
+def tls_secret(spec: ClusterFile) -> str:
+    """The Secret holding the run's certificates under ``tls:`` (keys ``ca.pem``, ``pod.pem``,
+    ``pod.key``: what ``clusterctl certs DIR FILE`` writes)."""
+    return f"{spec.name}-tls"
+
+
+def tls_volumes(spec: ClusterFile) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, volumeMounts)`` for a pod of ``spec``: the :func:`tls_secret` read-only at
+    :data:`TLS_DIR` under ``tls:``, nothing without."""
+    if spec.tls is None:
+        return [], []
+    return ([{"name": "tls", "secret": {"secretName": tls_secret(spec)}}],
+            [{"name": "tls", "mountPath": str(TLS_DIR), "readOnly": True}])
+
+
+def secrets_needed(spec: ClusterFile, namespace: str) -> str:
+    """The header's words after "Needs ...": the Secrets the objects need (README "Running on
+    Kubernetes", "Encryption (TLS)")."""
+    text = (f"the Secret {token_secret(spec)} (key {TOKEN_KEY!r}) in namespace "
+            f"{namespace}: see the README, \"Running on Kubernetes\".")
+    if spec.tls is not None:
+        text += (f"\nAnd the Secret {tls_secret(spec)}: `clusterctl certs DIR "
+                 f"{spec.path.name} --namespace {namespace}`, then `kubectl create secret "
+                 f"generic {tls_secret(spec)} --from-file=DIR/ca.pem --from-file=DIR/pod.pem "
+                 f"--from-file=DIR/pod.key -n {namespace}` (README: \"Encryption (TLS)\").")
+    return text
 
 
 def labels(spec: ClusterFile, job: str | None = None) -> dict[str, str]:
@@ -119,7 +155,8 @@ def runtime_env(spec: ClusterFile) -> list[dict[str, Any]]:
     """The environment after ``TF_CONFIG`` (and ``CLUSTER_TASK_TYPE``), in this order: the
     token from the run's Secret (never a literal), the timeouts ``clusterctl launch`` passes
     (``timeouts.startup``, ``timeouts.heartbeat``, and the grace period as the pods get it,
-    :func:`grace_seconds`), then the file's ``env:``."""
+    :func:`grace_seconds`), under ``tls:`` the certificate's paths in the tls Secret's mount,
+    then the file's ``env:``."""
     env: list[dict[str, Any]] = [
         {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": token_secret(spec), "key": TOKEN_KEY}}},
@@ -127,6 +164,9 @@ def runtime_env(spec: ClusterFile) -> list[dict[str, Any]]:
         {"name": ENV_HEARTBEAT_TIMEOUT, "value": f"{spec.timeouts.heartbeat:g}"},
         {"name": ENV_GRACE_PERIOD, "value": str(grace_seconds(spec))},
     ]
+    if spec.tls is not None:  # the pods' shared certificate, from the tls Secret
+        env += [{"name": var, "value": str(TLS_DIR / name)} for var, name in (
+            (ENV_TLS_CERT, "pod.pem"), (ENV_TLS_KEY, "pod.key"), (ENV_TLS_CA, "ca.pem"))]
     env += [{"name": name, "value": value} for name, value in spec.env.items()]
     return env
 

@@ -38,6 +38,9 @@ them on one host:
   a job cannot change, so the script prints a warning when ``KillWait`` is shorter than the
   grace. Tasks get ``CLUSTER_GRACE_PERIOD``.
 
+- ``tls:``: the script makes a CA and one certificate naming the allocation's nodes (known
+  only then) in the run directory, and gives every task ``CLUSTER_TLS_CERT``/``_KEY``/``_CA``.
+
 Not rendered: ``restart`` (Slurm's ``--requeue`` is the tool there), ``host``, and the addresses
 of jobs given as lists (Slurm's allocation decides the hosts; only the counts are used).
 """
@@ -96,6 +99,19 @@ _KILL_WAIT_CHECK = (
     '  echo "[slurm] warning: KillWait is ${{kill_wait}} s, less than timeouts.grace ({grace} s):'
     ' a task saving on SIGTERM may be killed first" >&2\n'
     'fi')
+
+
+# tls: in the cluster file. The nodes are known only now, so the CA and one certificate naming
+# them are made here, in the run directory every node sees (a tls: {dir:} is not used: its
+# certificates name the file's hosts, not the allocation's).
+_TLS_LINES = [
+    "# Mutual TLS (tls:): a CA and a certificate naming the allocation's nodes, made now.",
+    '"$PYTHON" -m cluster.ctl.cli certs "$CLUSTER_RUN_DIR/tls" --days 30 --hosts '
+    '$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+    'export CLUSTER_TLS_CERT="$CLUSTER_RUN_DIR/tls/cluster.pem" '
+    'CLUSTER_TLS_KEY="$CLUSTER_RUN_DIR/tls/cluster.key" '
+    'CLUSTER_TLS_CA="$CLUSTER_RUN_DIR/tls/ca.pem"',
+]
 
 
 class SlurmRenderError(RenderError):
@@ -214,6 +230,8 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "# error file and records the exit code for the summary at the end.",
         f"export CLUSTER_TASK_WRAPPER={q(_TASK_WRAPPER)}",
     ]
+    if spec.tls is not None:
+        lines += _TLS_LINES
     coordinator = spec.mode == COORDINATOR
     if coordinator:
         lines += ["# Servers exit 0 once the chief has finished cleanly; the chief's wrapper also "
