@@ -67,6 +67,7 @@ from cluster.transport.dataplane import DataPlane
 from cluster.transport.endpoint import DATA_PORT_KEY, SERVICE, SRC_RANK_KEY, CollectiveEndpoint
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
+from cluster.transport._tcp_tls import DataPlaneTls
 from cluster.transport.tcp import TcpDataPlane
 from cluster.transport.tls import open_channel
 
@@ -138,6 +139,9 @@ class NetworkTransport(Transport):
                 on_message=self._mailbox.put,
                 on_lost=self._peer_lost_by_rank,
                 on_departed=self._tcp_departed,
+                # With TLS configured, tensors are encrypted too (after the token handshake).
+                tls=(DataPlaneTls(token.tls.server_ssl_context(), token.tls.client_ssl_context())
+                     if token.tls is not None else None),
             )
         self._planes: tuple[DataPlane, ...] = tuple(
             p for p in (self._tcp, self._grpc) if p is not None)

@@ -125,8 +125,8 @@ def test_tls_auto_and_a_complete_dir_validate(tmp_path) -> None:
 # -- end to end through clusterctl launch -----------------------------------------------------
 
 
-def _launch(path: Path, run_dir: Path, marker: str, timeout: float = 100):
-    env = {**os.environ, "CLUSTER_TEST_MARKER": marker}
+def _launch(path: Path, run_dir: Path, marker: str, timeout: float = 100, **env_extra: str):
+    env = {**os.environ, "CLUSTER_TEST_MARKER": marker, **env_extra}
     return subprocess.run([sys.executable, "-m", "cluster.ctl.cli", "launch", str(path),
                            "--run-dir", str(run_dir), "--color", "never"], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
@@ -143,8 +143,11 @@ def _config(tmp_path: Path, name: str) -> Path:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_the_quickstart_trains_over_mutual_tls(tmp_path, marker) -> None:
-    proc = _launch(_config(tmp_path, "quickstart.yaml"), tmp_path / "run", marker)
+@pytest.mark.parametrize("path", ["auto", "network"])
+def test_the_quickstart_trains_over_mutual_tls(tmp_path, marker, path) -> None:
+    # network: the gradients travel on the TCP data plane, wrapped in TLS after its handshake.
+    proc = _launch(_config(tmp_path, "quickstart.yaml"), tmp_path / "run", marker,
+                   CLUSTER_COLLECTIVE_PATH=path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     found = re.search(r"\[chief:0\] +test accuracy (\d\.\d+) on 360 held-out digits", out)
