@@ -1,4 +1,5 @@
-"""Exchange streams from callers with the token that are buggy or lying (issue 20 items 4 and 8):
+"""Exchange streams from callers with the token that are buggy or lying (issue 20 items 4 and 8),
+and the close of a stream to a silent peer (item 10):
 frames claiming sizes they never send, frames out of order, streams that name a rank and send
 nothing. The receiving task holds only what arrived, answers INVALID_ARGUMENT, and never takes
 such a stream for the named peer leaving or dying."""
@@ -9,6 +10,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import tracemalloc
 
 import grpc
@@ -18,10 +20,11 @@ from cluster.deadline import Deadline
 from cluster.errors import CollectiveTimeoutError
 from cluster.testing import TaskProcess
 from cluster.transport import _framing
-from cluster.transport._grpc_plane import Reassembler
+from cluster.transport._grpc_plane import Outbox, Reassembler
 from cluster.transport._pb import collective_pb2
 from cluster.transport._tcp_protocol import MAX_PAYLOAD_BYTES
-from cluster.transport.api import MessageKey
+from cluster.transport.api import MessageKey, PeerInfo
+from cluster.transport.server import TaskServer
 from tests.conftest import REPO
 
 from .conftest import TOKEN, NetworkGroup
@@ -167,3 +170,33 @@ def test_a_stream_naming_a_rank_that_sends_nothing_is_not_that_rank_leaving(how:
             b"alive"
     finally:
         group.close()
+
+
+# -- closing a stream to a peer that went silent (item 10) -------------------------------------
+
+
+def test_closing_a_stream_to_a_silent_peer_cancels_it_at_the_deadline() -> None:
+    """A partitioned peer never finishes the stream: ``close`` must end at its deadline with the
+    stream cancelled, not raise gRPC's own timeout class out of the shutdown path."""
+    release = threading.Event()
+
+    def silent(request_iterator, context):
+        release.wait(20)  # reads nothing, answers nothing: a peer behind a partition
+        return b""
+
+    server = TaskServer("127.0.0.1:0", TOKEN)
+    server.add_handlers("t.Silent", {"Exchange": grpc.stream_unary_rpc_method_handler(silent)})
+    server.start()
+    failures: list = []
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            peer = PeerInfo(1, "worker:1", server.address)
+            outbox = Outbox(peer, channel, "/t.Silent/Exchange", TOKEN.metadata, failures.append)
+            outbox.put(b"frame", Deadline.after(5), MessageKey("g", 0, 0))
+            started = time.monotonic()
+            outbox.close(Deadline.after(0.5))  # raised grpc.FutureTimeoutError when uncaught
+            assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        server.stop(0)
+    assert failures == []  # a close is no failure of the group
