@@ -53,7 +53,7 @@ from cluster.transport.coordination import (
 from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.membership import Event, EventKind
 from cluster.transport.network import NetworkTransport
-from cluster.transport.server import ServiceHandlers, TaskServer
+from cluster.transport.server import ServiceHandlers, TaskServer, message_limit
 from resolver import ClusterResolver, TFConfigClusterResolver
 
 if TYPE_CHECKING:
@@ -94,7 +94,8 @@ class TaskRuntime:
         self.token = token
         self.settings = settings or TaskSettings()
         try:
-            self._server = TaskServer(placement.address, token)
+            self._server = TaskServer(placement.address, token,
+                                      max_message_bytes=message_limit(services or {}))
         except OSError as e:
             raise AddressInUseError(
                 f"{self.task}: cannot serve on {self.address}: the port is taken or the host is "

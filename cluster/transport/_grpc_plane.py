@@ -5,8 +5,8 @@
 are split into frames (``_framing``: a protobuf ``Frame`` with the payload appended), queued by
 ``put`` and written by gRPC from the stream's iterator; ``put`` blocks (against its deadline) when
 more than ``MAX_INFLIGHT_BYTES`` wait for one peer. Receiving (the Exchange handler of
-:mod:`~cluster.transport.endpoint` calls :meth:`GrpcDataPlane.deliver`), :class:`Reassembler`:
-joins payloads that arrived as several frames.
+:mod:`~cluster.transport.endpoint`, one :class:`Reassembler` per stream): joins payloads that
+arrived as several frames, holding only the bytes that arrived.
 """
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ from cluster.errors import (
 from cluster.transport import _framing
 from cluster.transport._grpc_errors import translate
 from cluster.transport._pb import collective_pb2
+from cluster.transport._tcp_protocol import MAX_PAYLOAD_BYTES
 from cluster.transport.api import MessageKey, PeerInfo, Received
 
-__all__ = ["MAX_FRAME_BYTES", "MAX_INFLIGHT_BYTES", "GrpcDataPlane", "Outbox", "Reassembler"]
+__all__ = ["MAX_FRAME_BYTES", "MAX_INFLIGHT_BYTES", "MAX_PARTIAL_MESSAGES", "GrpcDataPlane",
+           "Outbox", "Reassembler"]
 
 MAX_FRAME_BYTES = 4 << 20  # payloads above this travel as several frames
 
 MAX_INFLIGHT_BYTES = 64 << 20  # per peer: put() blocks (against its deadline) beyond this
+
+MAX_PARTIAL_MESSAGES = 64  # unfinished messages one stream may hold (a sender has a few at once)
 
 
 class Outbox:
@@ -132,31 +136,59 @@ class Outbox:
 
 
 class Reassembler:
-    """Joins a payload split into frames (``offset``, ``total_bytes``); thread-safe."""
+    """Joins the payloads of ONE Exchange stream (frames of a message come in order, offset 0
+    first: ``GrpcDataPlane.send`` writes them so); the endpoint makes one per stream, so what a
+    stream left unfinished dies with it.
 
-    def __init__(self) -> None:
-        # (src, key) -> [buffer, bytes so far, signature]
-        self._partial: dict[tuple[int, MessageKey], list] = {}
-        self._lock = threading.Lock()
+    Memory follows the data that arrived, never a size a frame claims: a message grows as its
+    frames come. :meth:`feed` raises :class:`~cluster.transport._framing.FrameError` (the
+    endpoint answers INVALID_ARGUMENT) for a frame that does not continue its message exactly,
+    claims more than :data:`MAX_PAYLOAD_BYTES` or less than it carries, or would open more than
+    ``max_partial`` unfinished messages at once.
+    """
 
-    def feed(self, src: int, header: collective_pb2.Frame,
+    def __init__(self, max_partial: int = MAX_PARTIAL_MESSAGES) -> None:
+        self._max_partial = max_partial
+        # key -> [data so far, signature]
+        self._partial: dict[MessageKey, list] = {}
+
+    def feed(self, header: collective_pb2.Frame,
              data: memoryview) -> tuple[MessageKey, Received] | None:
         """Take one frame; returns the key and whole message once its last frame is in."""
         key = MessageKey(header.group, header.seq, header.step, header.chunk)
-        if header.offset == 0 and len(data) == header.total_bytes:
-            return key, Received(data, header.signature)
-        with self._lock:
-            slot = (src, key)
-            entry = self._partial.setdefault(slot, [bytearray(header.total_bytes), 0, ""])
-            buf = entry[0]
-            buf[header.offset:header.offset + len(data)] = data
-            entry[1] += len(data)
-            if header.offset == 0:
-                entry[2] = header.signature  # only the first frame of a payload carries it
-            if entry[1] < header.total_bytes:
-                return None
-            del self._partial[slot]
-        return key, Received(memoryview(buf), entry[2])
+        total, offset = header.total_bytes, header.offset
+        if total > MAX_PAYLOAD_BYTES:
+            raise _framing.FrameError(f"frame claims a {total}-byte message, more than the "
+                                      f"{MAX_PAYLOAD_BYTES} bytes any message may have")
+        if offset + len(data) > total:
+            raise _framing.FrameError(f"frame carries bytes {offset}..{offset + len(data)} of a "
+                                      f"{total}-byte message")
+        entry = self._partial.get(key)
+        if entry is None:
+            if offset != 0:
+                raise _framing.FrameError(f"frame at offset {offset} of collective #{key.seq} "
+                                          "of a message that never started")
+            if len(data) == total:
+                return key, Received(data, header.signature)
+            if len(self._partial) >= self._max_partial:
+                raise _framing.FrameError(f"more than {self._max_partial} unfinished messages "
+                                          "on one stream")
+            self._partial[key] = [bytearray(data), header.signature]
+            return None
+        buf = entry[0]
+        if offset != len(buf):
+            raise _framing.FrameError(f"frame at offset {offset} of collective #{key.seq}, "
+                                      f"expected {len(buf)} (frames out of order or repeated)")
+        buf += data
+        if len(buf) < total:
+            return None
+        del self._partial[key]
+        return key, Received(memoryview(buf), entry[1])
+
+    @property
+    def unfinished(self) -> int:
+        """Messages begun and not finished."""
+        return len(self._partial)
 
 
 class GrpcDataPlane:
@@ -164,9 +196,9 @@ class GrpcDataPlane:
 
     ``open(peer, channel)`` starts the stream to ``peer`` (``method_path`` on ``channel``, with
     ``metadata``: the token and this rank's number); a stream that fails reports the error
-    through ``on_failed``. Inbound frames come from the endpoint through :meth:`deliver`; whole
-    messages go to ``on_message(src, key, received)``. Offers of receive buffers are ignored:
-    gRPC hands over its own buffers.
+    through ``on_failed``. Inbound streams are the endpoint's (it joins their frames with a
+    :class:`Reassembler` each). Offers of receive buffers are ignored: gRPC hands over its own
+    buffers.
     """
 
     name = "grpc"
@@ -177,18 +209,15 @@ class GrpcDataPlane:
         method_path: str,
         metadata: tuple[tuple[str, str], ...],
         *,
-        on_message: Callable[[int, MessageKey, Received], None],
         on_failed: Callable[[ClusterError], None],
         max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self._me = me
         self._method_path = method_path
         self._metadata = metadata
-        self._on_message = on_message
         self._on_failed = on_failed
         self._max_frame = max_frame_bytes
         self._outboxes: dict[int, Outbox] = {}
-        self._reassembler = Reassembler()
 
     def open(self, peer: PeerInfo, channel: grpc.Channel) -> None:
         """Start the stream to ``peer``; sends to it then travel on this plane."""
@@ -213,12 +242,6 @@ class GrpcDataPlane:
             offset += len(piece)
             if offset >= total:
                 return
-
-    def deliver(self, src: int, header: collective_pb2.Frame, data: memoryview) -> None:
-        """One frame from ``src``'s Exchange stream; files the message once it is whole."""
-        done = self._reassembler.feed(src, header, data)
-        if done is not None:
-            self._on_message(src, *done)
 
     def post(self, src: int, key: MessageKey, into: memoryview) -> None:
         pass

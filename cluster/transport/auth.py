@@ -103,11 +103,24 @@ def resolve_token(addresses: Iterable[str], settings: TaskSettings) -> Token:
     )
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Rejects calls without the cluster token before the method's handler is even chosen to run.
+def _deny(request_iterator, context):
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
 
-    The denial handler has the same cardinality as the real one and reads no request bytes into
-    any deserialiser, so nothing from an unauthenticated caller is ever parsed or unpickled.
+
+# Request streaming, whatever the method's real cardinality: gRPC Python reads a unary request
+# whole before calling its handler, a streaming one only when the handler iterates, which this
+# one never does. The call ends before its body is read (the server's flow-control window, a
+# few KiB with BDP probing off, is all that can arrive: server.SERVER_OPTIONS).
+_DENY = grpc.stream_stream_rpc_method_handler(_deny)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Answers UNAUTHENTICATED to a call without the cluster token, before routing and before
+    reading its request.
+
+    Every method, real or not, gets the same answer (a caller without the token learns nothing
+    of which services a task runs), from a handler that never reads the request: nothing an
+    unauthenticated caller sends is buffered beyond the stream's window, parsed or unpickled.
     """
 
     def __init__(self, token: Token) -> None:
@@ -116,17 +129,4 @@ class TokenInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         if self._token.accepts(handler_call_details.invocation_metadata):
             return continuation(handler_call_details)
-        real = continuation(handler_call_details)
-        if real is None:
-            return None
-
-        def deny(request_or_iterator, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
-
-        if real.request_streaming and real.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(deny)
-        if real.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(deny)
-        if real.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny)
-        return grpc.unary_unary_rpc_method_handler(deny)
+        return _DENY

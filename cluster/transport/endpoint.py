@@ -8,12 +8,16 @@ receives from then on:
 - ``Hello`` (unary): a peer checks it is talking to the rank it expects; the reply's trailing
   metadata advertises this rank's TCP data port, if it has one;
 - ``Exchange`` (client streaming, raw bytes): the gRPC data plane's frames from one peer, for
-  the transport's whole life; the stream's end is the peer's goodbye, its breaking a loss;
+  the transport's whole life, joined per stream (:class:`~cluster.transport._grpc_plane.
+  Reassembler`); the stream's end is the peer's goodbye, its breaking a loss, but only once it
+  has carried a well-formed frame: an empty or garbage stream that names a rank (a buggy or
+  hostile caller with the token) says nothing about that rank's process;
 - ``Abort`` (unary): a peer aborted the group, or (``lost_task`` set) found a peer dead and is
   leaving because of it.
 
 Calls that arrive before a transport is attached (or after it closed) get UNAVAILABLE and are
-retried by the caller's ``connect``. Malformed frames get INVALID_ARGUMENT. Every call has passed
+retried by the caller's ``connect``. Malformed frames (bad encoding, another rank's, a gap, an
+impossible size) get INVALID_ARGUMENT and end that stream. Every call has passed
 the token interceptor before any of this runs.
 """
 
@@ -26,7 +30,9 @@ from typing import Protocol
 import grpc
 
 from cluster.transport import _framing
+from cluster.transport._grpc_plane import Reassembler
 from cluster.transport._pb import collective_pb2
+from cluster.transport.api import MessageKey, Received
 from cluster.transport.control import SERVICE as CONTROL_SERVICE
 from cluster.transport.control import ControlService
 from cluster.transport.server import TaskServer
@@ -57,15 +63,18 @@ class InboundHandler(Protocol):
         """The peer rank an Exchange call's metadata names, or None when missing or invalid."""
         ...
 
-    def deliver_frame(self, src: int, header: collective_pb2.Frame, data: memoryview) -> None:
+    def deliver_message(self, src: int, key: MessageKey, received: Received) -> None:
+        """A whole message from ``src``'s Exchange stream."""
         ...
 
     def peer_stream_broke(self, src: int) -> None:
-        """``src``'s Exchange stream broke (its process died, the connection reset)."""
+        """``src``'s Exchange stream, which had carried its data, broke (its process died, the
+        connection reset)."""
         ...
 
     def peer_departed(self, src: int) -> None:
-        """``src`` ended its Exchange stream cleanly (it closed its transport)."""
+        """``src`` ended its Exchange stream, which had carried its data, cleanly (it closed its
+        transport)."""
         ...
 
     def aborted_by_peer(self, task: str, reason: str) -> None:
@@ -146,23 +155,29 @@ class CollectiveEndpoint:
         src = transport.src_rank(context.invocation_metadata())
         if src is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"missing or bad {SRC_RANK_KEY}")
+        reassembler = Reassembler()  # this stream's unfinished messages die with it
         frames = 0
         try:
             for raw in request_iterator:
                 try:
                     header, data = _framing.decode(raw)
+                    if header.src_rank != src:
+                        raise _framing.FrameError(
+                            f"frame claims rank {header.src_rank} on rank {src}'s stream")
+                    done = reassembler.feed(header, data)
                 except _framing.FrameError as e:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed frame: {e}")
-                if header.src_rank != src:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"frame claims rank {header.src_rank} on rank {src}'s stream")
-                transport.deliver_frame(src, header, data)
+                                  f"{self.task}: malformed frame from rank {src}: {e}")
                 frames += 1
+                if done is not None:
+                    transport.deliver_message(src, *done)
         except grpc.RpcError:
             # The caller vanished mid-stream (killed, connection reset): that peer is lost.
-            transport.peer_stream_broke(src)
+            if frames:
+                transport.peer_stream_broke(src)
             raise
-        transport.peer_departed(src)
+        if frames:
+            transport.peer_departed(src)
         return collective_pb2.ExchangeSummary(frames=frames)
 
     def _abort(self, request, context):

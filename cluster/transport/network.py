@@ -129,7 +129,7 @@ class NetworkTransport(Transport):
         self._routes: dict[int, DataPlane] = {}  # the plane each peer is sent to on
         self._grpc = GrpcDataPlane(
             self._me, f"/{SERVICE}/Exchange", (*token.metadata, (SRC_RANK_KEY, str(rank))),
-            on_message=self._mailbox.put, on_failed=self._fail, max_frame_bytes=max_frame_bytes)
+            on_failed=self._fail, max_frame_bytes=max_frame_bytes)
         self._tcp: TcpDataPlane | None = None
         endpoint.attach(self)
         if data_plane == "tcp":
@@ -348,8 +348,8 @@ class NetworkTransport(Transport):
                 return int(v)
         return None
 
-    def deliver_frame(self, src: int, header: collective_pb2.Frame, data: memoryview) -> None:
-        self._grpc.deliver(src, header, data)
+    def deliver_message(self, src: int, key: MessageKey, received: Received) -> None:
+        self._mailbox.put(src, key, received)
 
     def peer_stream_broke(self, src: int) -> None:
         self._peer_lost_by_rank(src, "its stream to us broke")

@@ -4,7 +4,7 @@ this host's yet, every interface: :mod:`cluster.transport.names`), authenticates
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent import futures
 
 import grpc
@@ -13,8 +13,9 @@ from cluster.transport.auth import Token, TokenInterceptor
 from cluster.transport.names import Bind, bind_choice
 from cluster.transport.tls import add_port
 
-__all__ = ["CHANNEL_OPTIONS", "CONTROL_CHANNEL_OPTIONS", "SERVER_OPTIONS", "ServiceHandlers",
-           "TaskServer"]
+__all__ = ["CHANNEL_OPTIONS", "CONTROL_CHANNEL_OPTIONS", "LARGE_MESSAGE_BYTES", "MAX_MESSAGE_BYTES",
+           "SERVER_OPTIONS", "SERVICE_MESSAGE_BYTES", "ServiceHandlers", "TaskServer",
+           "message_limit"]
 
 ServiceHandlers = Mapping[str, Mapping[str, grpc.RpcMethodHandler]]
 """More services of a task: ``{service name: {method: handler}}``."""
@@ -22,8 +23,6 @@ ServiceHandlers = Mapping[str, Mapping[str, grpc.RpcMethodHandler]]
 log = logging.getLogger(__name__)
 
 _UNLIMITED = -1
-# Tensor frames are bounded by the sender (see _grpc_plane.MAX_FRAME_BYTES), so message size
-# limits only get in the way; ports must never be shared silently (grpcio's SO_REUSEPORT default).
 # Bulk tensor streams: HTTP/2 frames as large as the protocol allows (default 16 KiB) and large
 # socket reads cut per-byte overhead of bare grpcio by about 10% on 4 MiB messages both ways
 # (measured on this 2-core machine; within noise once our own per-frame costs are added).
@@ -33,9 +32,33 @@ _BULK_OPTIONS = (
     ("grpc.experimental.tcp_min_read_chunk_size", 1 << 20),
     ("grpc.experimental.tcp_max_read_chunk_size", 16 << 20),
 )
+
+MAX_MESSAGE_BYTES = 8 << 20
+"""The largest request a task accepts on its own services (Collective, Control, Coordination):
+an Exchange frame is at most ``_grpc_plane.MAX_FRAME_BYTES`` (4 MiB) of data plus a small header;
+everything else is a few KiB. gRPC refuses a longer message from its length prefix, before
+buffering it (RESOURCE_EXHAUSTED)."""
+
+LARGE_MESSAGE_BYTES = (2 << 30) - 1
+"""The cap of services whose requests carry whole tensors or pickled calls: a parameter server's
+Push/CreateVariable/Assign (a tensor travels whole, up to ``_ps_wire.MAX_TENSOR_BYTES``) and a
+worker's Run. Protobuf's own 2 GiB limit; only authenticated callers ever get to send one."""
+
+SERVICE_MESSAGE_BYTES: Mapping[str, int] = {
+    "cluster_runtime.v1.ParameterServer": LARGE_MESSAGE_BYTES,
+    "cluster_runtime.v1.Worker": LARGE_MESSAGE_BYTES,
+}
+"""Per-service request caps above :data:`MAX_MESSAGE_BYTES`; see :func:`message_limit`."""
+
+# Ports must never be shared silently (grpcio's SO_REUSEPORT default). No BDP probing on the
+# receiving side: it grows every stream's flow-control window to the bandwidth-delay product
+# (MiBs on loopback) even for a stream nobody reads, so a caller the token check refused could
+# park that much per stream in the server (32 refused 64 MiB calls: +30-70 MiB RSS with it,
+# +3 MiB without). Streams that are read still get the window their message needs; bulk
+# throughput into a server was the same within noise (README, "Trust model").
 SERVER_OPTIONS = (
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", _UNLIMITED),
+    ("grpc.http2.bdp_probe", 0),
     ("grpc.max_send_message_length", _UNLIMITED),
     *_BULK_OPTIONS,
 )
@@ -59,6 +82,12 @@ CHANNEL_OPTIONS = (
 )
 
 
+def message_limit(services: Iterable[str]) -> int:
+    """The request cap of a server hosting ``services`` (names): the largest any of them needs."""
+    return max((SERVICE_MESSAGE_BYTES.get(s, MAX_MESSAGE_BYTES) for s in services),
+               default=MAX_MESSAGE_BYTES)
+
+
 class TaskServer:
     """One gRPC server per task process, hosting every service of that task.
 
@@ -68,13 +97,19 @@ class TaskServer:
     peers dial); ``bind_host`` what the server listens on: the spec's host when it is this
     host's, else every interface (:data:`~cluster.transport.names.WILDCARD`, logged with the
     reason: :func:`~cluster.transport.names.bind_choice`).
+
+    Every call is authenticated (:class:`~cluster.transport.auth.TokenInterceptor`) before a
+    byte of its request is read; an authenticated request longer than ``max_message_bytes``
+    (:func:`message_limit` of the services it will host) is refused with RESOURCE_EXHAUSTED.
     """
 
-    def __init__(self, address: str, token: Token, *, max_workers: int = 32) -> None:
+    def __init__(self, address: str, token: Token, *, max_workers: int = 32,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.max_message_bytes = max_message_bytes
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
             interceptors=[TokenInterceptor(token)],
-            options=SERVER_OPTIONS,
+            options=(*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_message_bytes)),
             maximum_concurrent_rpcs=None,
         )
         host, _, wanted = address.rpartition(":")
