@@ -60,6 +60,7 @@ from cluster.transport._grpc_errors import fails_at_connect, spec_mismatch, stat
 from cluster.transport._grpc_plane import MAX_FRAME_BYTES, GrpcDataPlane
 from cluster.transport._mailbox import Mailbox
 from cluster.transport._pb import collective_pb2
+from cluster.transport._tcp_tls import DataPlaneTls
 from cluster.transport.api import MessageKey, PeerInfo, Received, Transport
 from cluster.transport.auth import Token
 from cluster.transport.control import HeartbeatMonitor
@@ -67,7 +68,6 @@ from cluster.transport.dataplane import DataPlane
 from cluster.transport.endpoint import DATA_PORT_KEY, SERVICE, SRC_RANK_KEY, CollectiveEndpoint
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CHANNEL_OPTIONS
-from cluster.transport._tcp_tls import DataPlaneTls
 from cluster.transport.tcp import TcpDataPlane
 from cluster.transport.tls import open_channel
 
