@@ -84,7 +84,9 @@ class PsService:
         newer_than = list(request.newer_than) or None
         # Each value is copied once, under its lock, straight into its serialized entry; a
         # reply of one variable (one per ps in a sharded step) is that entry, not copied again.
-        entries = self.store.pull_with(list(request.names), newer_than, encode_value_entry)
+        step = request.step if request.HasField("step") else None
+        entries = self.store.pull_with(list(request.names), newer_than, encode_value_entry,
+                                       step=step)
         return entries[0] if len(entries) == 1 else b"".join(entries)
 
     def _push(self, data: bytes, context):

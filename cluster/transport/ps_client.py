@@ -116,14 +116,16 @@ class PsClient:
         return self._call("CreateVariable", request, timeout, f"create {name}").version
 
     def pull(self, names: Iterable[str], newer_than: int | Sequence[int] | None = None, *,
-             timeout: float | None = None) -> list[Pulled]:
-        """:meth:`VariableStore.pull` on the task; values are read-only arrays."""
+             step: int | None = None, timeout: float | None = None) -> list[Pulled]:
+        """:meth:`VariableStore.pull` on the task (``step``: values as of that synchronous
+        step); values are read-only arrays."""
         names = list(names)
         if newer_than is None or isinstance(newer_than, int):
             newer_than = [newer_than or 0] * len(names)
-        activity = f"pull of {len(names)} variables"
-        reply = self._call("Pull", ps_pb2.PullRequest(names=names, newer_than=list(newer_than)),
-                           timeout, activity)
+        activity = f"pull of {len(names)} variables" + (
+            f" as of step {step}" if step is not None else "")
+        reply = self._call("Pull", ps_pb2.PullRequest(names=names, newer_than=list(newer_than),
+                                                      step=step), timeout, activity)
         try:
             values = decode_pull_reply(reply)  # views of the reply's bytes: no copy
         except ValueError as e:
