@@ -110,6 +110,13 @@ class SyncAccumulator:
         try:
             return self._contribute_and_wait(cid, checked, step, n, contributor, wait,
                                              deadline)
+        except (StaleStepError, SyncTimeoutError):
+            raise  # superseded, dropped or withdrawn already
+        except BaseException:
+            # Anything else (no memory for the copy, an interrupted wait): the push failed, so
+            # its contribution must not count.
+            self._withdraw(cid, checked, step)
+            raise
         finally:
             self._waiting.discard(cid)
             self._dropped.pop(cid, None)
@@ -149,7 +156,10 @@ class SyncAccumulator:
                 raise dropped
             if all(var.sync_step > step for var, _ in checked):
                 return [v.version for v, _ in checked]
-            if deadline.expired or not self._synced.wait(deadline.timeout()):
+            timeout = deadline.timeout()
+            if timeout is not None:  # a far deadline would overflow the platform's time_t
+                timeout = min(timeout, threading.TIMEOUT_MAX)
+            if deadline.expired or not self._synced.wait(timeout):
                 if all(var.sync_step > step for var, _ in checked):
                     continue
                 self._withdraw(cid, checked, step)

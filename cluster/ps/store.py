@@ -251,6 +251,10 @@ class VariableStore:
     def __contains__(self, name: object) -> bool:
         return name in self._vars
 
+    def nbytes(self, name: str) -> int:
+        """The size in bytes of variable ``name``'s value (fixed at creation)."""
+        return self._get(name).value.nbytes
+
     def version(self, name: str) -> int:
         var = self._settled(name)
         with var.lock:
