@@ -23,6 +23,7 @@ Limits, so that no request can exhaust the task (each refusal names its limit):
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 
@@ -131,7 +132,7 @@ class PsService:
     def _pull(self, request, context) -> bytes:
         names = list(request.names)
         if len(set(names)) != len(names):
-            twice = sorted({n for n in names if names.count(n) > 1})
+            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
             raise ValueError(f"pull{self._where()}: variables named more than once: "
                              f"{', '.join(twice[:5])}; name each variable once")
         if len(names) > 1:

@@ -227,7 +227,10 @@ class SyncAccumulator:
         for var, _ in checked:
             pending = var.pending.get(step)
             if pending is not None:
-                for key in [k for k, (c, _) in pending.grads.items() if c == cid]:
+                withdrawn = [k for k, (c, _) in pending.grads.items() if c == cid]
+                for key in withdrawn:
                     del pending.grads[key]
+                if withdrawn and var.due == step:
+                    var.due = None  # one contribution short again: no longer complete
                 if not pending.grads:
                     del var.pending[step]

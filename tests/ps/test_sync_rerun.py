@@ -128,3 +128,29 @@ def test_a_waiting_pusher_gets_its_step_applied_at_once() -> None:
     store.push({"w": np.ones(2, F32)}, step=0, num_contributors=2, contributor=0, wait=False)
     assert store.push({"w": np.ones(2, F32)}, step=0, num_contributors=2, contributor=1) == [2]
     assert store._vars["w"].due is None
+
+
+def test_a_push_that_fails_midway_is_withdrawn_and_uncompletes_its_step(monkeypatch) -> None:
+    store = VariableStore("ps:0")
+    for name in ("a", "b"):
+        store.create(name, np.zeros(2, F32), optimizer=OptimizerSpec.sgd(1.0))
+    store.push({"a": np.ones(2, F32), "b": np.ones(2, F32)}, step=0, num_contributors=2,
+               contributor=0, wait=False)
+    real_array = np.array
+    copies = []
+
+    def failing_copy(*args, **kwargs):
+        copies.append(1)
+        if len(copies) == 2:  # the second gradient's private copy: after "a" completed
+            raise MemoryError("no memory for the copy")
+        return real_array(*args, **kwargs)
+
+    import cluster.ps._sync_accumulator as accumulator
+    monkeypatch.setattr(accumulator.np, "array", failing_copy)
+    with pytest.raises(MemoryError):
+        store.push({"a": np.ones(2, F32), "b": np.ones(2, F32)}, step=0, num_contributors=2,
+                   contributor=1, wait=False)
+    monkeypatch.undo()
+    var = store._vars["a"]
+    assert var.due is None and sorted(var.pending[0].grads) == [0]
+    assert store.version("a") == 1 and store.version("b") == 1  # nothing applied
