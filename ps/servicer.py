@@ -32,7 +32,7 @@ import grpc
 from cluster.deadline import Deadline
 from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
-from cluster.transport._grpc_errors import abort_invalid, abort_store_error
+from cluster.transport._grpc_errors import abort_exhausted, abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_push_request, encode_value_entry
 from cluster.transport._ps_wire import fill_chunk, from_chunk
@@ -56,12 +56,8 @@ MAX_WAITING_PUSHES = 24
 _MAX_CONTRIBUTORS_UNKNOWN_CLUSTER = 1024
 
 
-class _Refused(Exception):
-    """A request the service refuses with ``code`` (a limit, not a malformed request)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class _OverLimit(Exception):
+    """A well-formed request the service refuses for one of its limits (RESOURCE_EXHAUSTED)."""
 
 
 class PsService:
@@ -118,8 +114,8 @@ class PsService:
                 abort_store_error(context, e)
             except (ValueError, TypeError) as e:
                 abort_invalid(context, str(e))
-            except _Refused as e:
-                context.abort(e.code, str(e))
+            except _OverLimit as e:
+                abort_exhausted(context, str(e))
         return handler
 
     def _create(self, request, context):
@@ -138,11 +134,10 @@ class PsService:
         if len(names) > 1:
             size = sum(self.store.nbytes(n) for n in names)
             if size > MAX_PULL_REPLY_BYTES:
-                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"pull of {len(names)} variables{self._where()}: the reply "
-                               f"would hold {size} bytes, over the limit of "
-                               f"{MAX_PULL_REPLY_BYTES} bytes per Pull of several variables; "
-                               "ask for fewer at a time")
+                raise _OverLimit(f"pull of {len(names)} variables{self._where()}: the reply "
+                                 f"would hold {size} bytes, over the limit of "
+                                 f"{MAX_PULL_REPLY_BYTES} bytes per Pull of several variables; "
+                                 "ask for fewer at a time")
         newer_than = list(request.newer_than) or None
         # Each value is copied once, under its lock, straight into its serialized entry; a
         # reply of one variable (one per ps in a sharded step) is that entry, not copied again.
@@ -178,11 +173,10 @@ class PsService:
                     "s (a call timeout); this one has none, or a longer one: not counted")
             deadline = Deadline.after(max(0.0, remaining - _REPLY_MARGIN))
             if not self._waiting.acquire(blocking=False):
-                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"synchronous push for step {request.step}{self._where()}: "
-                               f"{self.max_waiting} synchronous pushes already wait for their "
-                               "steps (the limit, so that health checks and pulls keep RPC "
-                               "threads); not counted: push without waiting, or retry later")
+                raise _OverLimit(f"synchronous push for step {request.step}{self._where()}: "
+                                 f"{self.max_waiting} synchronous pushes already wait for their "
+                                 "steps (the limit, so that health checks and pulls keep RPC "
+                                 "threads); not counted: push without waiting, or retry later")
         try:
             versions = self.store.push(grads, step=request.step, num_contributors=contributors,
                                        contributor=contributor, wait=wait,

@@ -22,7 +22,7 @@ import numpy as np
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
-from cluster.transport._grpc_errors import translate
+from cluster.transport._grpc_errors import is_exhausted, translate
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_pull_reply, encode_push_request
 from cluster.transport._ps_wire import fill_chunk, from_chunk
@@ -111,7 +111,7 @@ class PsClient:
         try:
             return self._calls[method](request, timeout=seconds, metadata=self._token.metadata)
         except grpc.RpcError as e:
-            if method == "Pull" and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if method == "Pull" and is_exhausted(e):
                 raise _ReplyTooLarge(e.details()) from e
             # The time that really passed (a refused connection fails at once), and the budget.
             raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
