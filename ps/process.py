@@ -69,6 +69,10 @@ def run(argv: list[str]) -> int:
                   "not `python -m ps`")
             return exitcodes.EXIT_USAGE
         store.task = service.task = rt.task  # names the task in store errors
+        # A synchronous step has one contributor per worker (the chief may push too): a push
+        # naming more could never complete and would hold an RPC thread until its deadline.
+        service.max_contributors = max(1, sum(
+            1 for task, _ in rt.placement.tasks() if task.split(":")[0] in ("worker", "chief")))
         print(f"{rt.task}: serving the variable store on {rt.address}", file=sys.stderr,
               flush=True)
         lifecycle.watch_launcher(rt.settings.launcher_pid)

@@ -7,35 +7,78 @@ a step's tensors, ``PullReply`` and ``PushRequest``, are written and parsed by
 error is answered with its status code and its type name in trailing metadata, a malformed
 request with INVALID_ARGUMENT (both decided by ``cluster.transport._grpc_errors``); the server
 keeps serving either way.
+
+Limits, so that no request can exhaust the task (each refusal names its limit):
+
+- A ``Pull`` may name a variable once (INVALID_ARGUMENT), and a ``Pull`` of several variables
+  whose reply would exceed :data:`MAX_PULL_REPLY_BYTES` is refused with RESOURCE_EXHAUSTED
+  before anything is copied (``PsClient.pull`` then asks for halves; one variable is always
+  served, whatever its size).
+- A synchronous ``Push`` that waits for its step must carry a gRPC deadline of at most
+  :data:`MAX_SYNC_WAIT_SECONDS` (INVALID_ARGUMENT otherwise, before it counts), may name at most
+  ``max_contributors`` contributors (the workers and chief of the cluster; INVALID_ARGUMENT), and
+  at most ``max_waiting`` such pushes wait at once (RESOURCE_EXHAUSTED for more), so that
+  Check, Pull and heartbeats always find one of the server's RPC threads.
 """
 
 from __future__ import annotations
+
+import collections
+import math
+import threading
 
 import grpc
 
 from cluster.deadline import Deadline
 from cluster.errors import VariableStoreError
 from cluster.ps.store import AssignMode, VariableStore
-from cluster.transport._grpc_errors import abort_invalid, abort_store_error
+from cluster.transport._grpc_errors import abort_exhausted, abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_push_request, encode_value_entry
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.ps_client import SERVICE, optimizer_from_proto, optimizer_to_proto
 from cluster.transport.server import TaskServer
 
-__all__ = ["PsService"]
+__all__ = ["MAX_PULL_REPLY_BYTES", "MAX_SYNC_WAIT_SECONDS", "MAX_WAITING_PUSHES", "PsService"]
 
 # A synchronous push answers this long before the caller's deadline, so the caller gets
 # SyncTimeoutError (its step is late) rather than DEADLINE_EXCEEDED (the task looks dead).
 _REPLY_MARGIN = 0.5
 
+#: The largest reply to a Pull of several variables (one variable is served whatever its size).
+MAX_PULL_REPLY_BYTES = 64 << 20
+#: The longest a synchronous push may wait for its step (its gRPC deadline).
+MAX_SYNC_WAIT_SECONDS = 24 * 3600.0
+#: Synchronous pushes that may wait at once: the task server has 32 RPC threads, and Check,
+#: Pull and heartbeats must always find one.
+MAX_WAITING_PUSHES = 24
+#: Contributors a push may name before the task knows its cluster (``max_contributors``).
+_MAX_CONTRIBUTORS_UNKNOWN_CLUSTER = 1024
+
+
+class _OverLimit(Exception):
+    """A well-formed request the service refuses for one of its limits (RESOURCE_EXHAUSTED)."""
+
 
 class PsService:
-    """Serves ``store`` as task ``task``; :meth:`install` adds it to a :class:`TaskServer`."""
+    """Serves ``store`` as task ``task``; :meth:`install` adds it to a :class:`TaskServer`.
 
-    def __init__(self, store: VariableStore, task: str = "") -> None:
+    ``max_contributors``: the most contributors a synchronous push may name (the cluster's
+    workers and chief; ``python -m ps`` sets it once it knows the cluster). ``max_waiting``: how
+    many synchronous pushes may wait at once (see the module docstring).
+    """
+
+    def __init__(self, store: VariableStore, task: str = "", *,
+                 max_contributors: int = _MAX_CONTRIBUTORS_UNKNOWN_CLUSTER,
+                 max_waiting: int = MAX_WAITING_PUSHES) -> None:
         self.store = store
         self.task = task
+        self.max_contributors = max_contributors
+        self.max_waiting = max_waiting
+        self._waiting = threading.BoundedSemaphore(max_waiting)
+
+    def _where(self) -> str:
+        return f" on {self.task}" if self.task else ""
 
     def install(self, server: TaskServer) -> None:
         server.add_handlers(SERVICE, self.handlers())
@@ -71,6 +114,8 @@ class PsService:
                 abort_store_error(context, e)
             except (ValueError, TypeError) as e:
                 abort_invalid(context, str(e))
+            except _OverLimit as e:
+                abort_exhausted(context, str(e))
         return handler
 
     def _create(self, request, context):
@@ -81,10 +126,23 @@ class PsService:
         return ps_pb2.CreateVariableReply(version=version)
 
     def _pull(self, request, context) -> bytes:
+        names = list(request.names)
+        if len(set(names)) != len(names):
+            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
+            raise ValueError(f"pull{self._where()}: variables named more than once: "
+                             f"{', '.join(twice[:5])}; name each variable once")
+        if len(names) > 1:
+            size = sum(self.store.nbytes(n) for n in names)
+            if size > MAX_PULL_REPLY_BYTES:
+                raise _OverLimit(f"pull of {len(names)} variables{self._where()}: the reply "
+                                 f"would hold {size} bytes, over the limit of "
+                                 f"{MAX_PULL_REPLY_BYTES} bytes per Pull of several variables; "
+                                 "ask for fewer at a time")
         newer_than = list(request.newer_than) or None
         # Each value is copied once, under its lock, straight into its serialized entry; a
         # reply of one variable (one per ps in a sharded step) is that entry, not copied again.
-        entries = self.store.pull_with(list(request.names), newer_than, encode_value_entry)
+        step = request.step if request.HasField("step") else None
+        entries = self.store.pull_with(names, newer_than, encode_value_entry, step=step)
         return entries[0] if len(entries) == 1 else b"".join(entries)
 
     def _push(self, data: bytes, context):
@@ -94,15 +152,39 @@ class PsService:
             if name in grads:
                 raise ValueError(f"push: two gradients for variable {name}")
             grads[name] = grad
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else Deadline.after(
-            max(0.0, remaining - _REPLY_MARGIN))
         contributor = request.contributor if request.HasField("contributor") else None
-        versions = self.store.push(grads, step=request.step,
-                                   num_contributors=max(1, request.num_contributors),
-                                   contributor=contributor, wait=not request.no_wait,
-                                   optimizer=optimizer_from_proto(request.optimizer),
-                                   deadline=deadline)
+        contributors = max(1, request.num_contributors)
+        synchronous = contributors > 1 or contributor is not None
+        if synchronous and contributors > self.max_contributors:
+            raise ValueError(
+                f"push for step {request.step}{self._where()} names {contributors} contributors, "
+                f"but the cluster has {self.max_contributors} tasks that can push (workers and "
+                "chief); num_contributors must be at most that")
+        wait = synchronous and not request.no_wait
+        deadline = None
+        if wait:
+            remaining = context.time_remaining()
+            # Without a gRPC deadline the call's remaining time is unbounded (or absent).
+            if remaining is None or not math.isfinite(remaining) \
+                    or remaining > MAX_SYNC_WAIT_SECONDS:
+                raise ValueError(
+                    f"synchronous push for step {request.step}{self._where()} waits for its "
+                    f"step, so it needs a gRPC deadline of at most {MAX_SYNC_WAIT_SECONDS:.0f} "
+                    "s (a call timeout); this one has none, or a longer one: not counted")
+            deadline = Deadline.after(max(0.0, remaining - _REPLY_MARGIN))
+            if not self._waiting.acquire(blocking=False):
+                raise _OverLimit(f"synchronous push for step {request.step}{self._where()}: "
+                                 f"{self.max_waiting} synchronous pushes already wait for their "
+                                 "steps (the limit, so that health checks and pulls keep RPC "
+                                 "threads); not counted: push without waiting, or retry later")
+        try:
+            versions = self.store.push(grads, step=request.step, num_contributors=contributors,
+                                       contributor=contributor, wait=wait,
+                                       optimizer=optimizer_from_proto(request.optimizer),
+                                       deadline=deadline)
+        finally:
+            if wait:
+                self._waiting.release()
         return ps_pb2.PushReply(versions=versions)
 
     def _assign(self, request, context):

@@ -2,10 +2,24 @@
 
 Each variable keeps its pending steps (:class:`Pending`); a step is applied, as the **mean** of
 its ``N`` contributions summed in contributor order (arrival order for unindexed pushes) and
-divided once, when the last contribution arrives. :class:`SyncAccumulator` keeps the waiting
-pushers and wakes them when their step is applied, superseded or dropped. It works under the
-store's lock (the lock order of ``cluster.ps.store``: the store lock, then a variable's lock).
-Pure: no I/O.
+divided once. :class:`SyncAccumulator` keeps the waiting pushers and wakes them when their step
+is applied, superseded or dropped. It works under the store's lock (the lock order of
+``cluster.ps.store``: the store lock, then a variable's lock). Pure: no I/O.
+
+**When a complete step is applied.** A step whose contributions all carry a contributor index
+and whose pushers do not wait (a coordinator's functions) is *deferred* when its last
+contribution arrives: it is marked complete (``var.due``) and applied by :meth:`settle` when the
+variable is next used for anything but the reads and pushes of that same step. Why: a function
+whose worker died after its push reached some parameter servers but not others is re-run; it
+must read the values *as of its step* to compute the same gradient again. Applied at once, the
+step would already have changed the variable on the servers the dead push reached, so the
+re-run would read a mix of old and new values, push a different gradient to the others, and
+the result would differ from the single-process one (seen as a ~1e-3 error on every weight).
+Deferred, a read as of the step (``pull(step=s)``) still sees the old value. A read of the
+variable that is not tagged with the step (the chief's, a checkpoint's) applies the step first
+and keeps the value before it (``var.before``) until the next step applies, so a re-run that
+reads after it still sees the old value. Steps with a waiting pusher, or unindexed, are applied
+at once, as their pushers wait for (or nobody re-runs) them.
 """
 
 from __future__ import annotations
@@ -47,7 +61,9 @@ class SyncAccumulator:
     ``lock``: the store's lock, held by every caller. ``where()``: `` on ps:0``, the store's
     name in messages.
     ``update(var, grad)``: one optimizer update of a variable (the caller holds its lock).
-    Variables are the store's: ``name``, ``lock``, ``sync_step``, ``applied_by``, ``pending``.
+    Variables are the store's: ``name``, ``lock``, ``value``, ``version``, ``sync_step``,
+    ``applied_by``, ``pending``, ``due`` (the complete step not applied yet, or ``None``) and
+    ``before`` (``(step, version, value)`` before a step a read applied early, or ``None``).
     """
 
     def __init__(self, lock: threading.Lock, where: Callable[[], str],
@@ -94,6 +110,13 @@ class SyncAccumulator:
         try:
             return self._contribute_and_wait(cid, checked, step, n, contributor, wait,
                                              deadline)
+        except (StaleStepError, SyncTimeoutError):
+            raise  # superseded, dropped or withdrawn already
+        except BaseException:
+            # Anything else (no memory for the copy, an interrupted wait): the push failed, so
+            # its contribution must not count.
+            self._withdraw(cid, checked, step)
+            raise
         finally:
             self._waiting.discard(cid)
             self._dropped.pop(cid, None)
@@ -124,7 +147,7 @@ class SyncAccumulator:
             # Keep a private copy: the caller's buffer (a received message) may be reused.
             pending.grads[key] = (cid, np.array(grad, copy=True))
             if len(pending.grads) >= n:
-                self._apply_step(var, step)
+                self._complete(var, step, pending)
         if not wait:
             return [v.version for v, _ in checked]
         while True:
@@ -133,7 +156,10 @@ class SyncAccumulator:
                 raise dropped
             if all(var.sync_step > step for var, _ in checked):
                 return [v.version for v, _ in checked]
-            if deadline.expired or not self._synced.wait(deadline.timeout()):
+            timeout = deadline.timeout()
+            if timeout is not None:  # a far deadline would overflow the platform's time_t
+                timeout = min(timeout, threading.TIMEOUT_MAX)
+            if deadline.expired or not self._synced.wait(timeout):
                 if all(var.sync_step > step for var, _ in checked):
                     continue
                 self._withdraw(cid, checked, step)
@@ -143,8 +169,37 @@ class SyncAccumulator:
                     f"arrived for {', '.join(missing)} before the deadline; this "
                     "contribution was withdrawn", variable=missing[0])
 
+    def _complete(self, var: Any, step: int, pending: Pending) -> None:
+        """Every contribution to ``step`` arrived: defer or apply it (see the module docstring);
+        the caller holds the store lock."""
+        waited = any(c in self._waiting for c, _ in pending.grads.values())
+        if pending.indexed and not waited and var.due in (None, step):
+            var.due = step
+            log.debug("variable %s%s: step %d is complete; applied on next use", var.name,
+                      self._where(), step)
+        else:
+            self._apply_step(var, step)
+
+    def settle(self, var: Any, before: int | None) -> None:
+        """Apply ``var``'s deferred step if it is older than ``before`` (``None``: any); the
+        caller holds the store lock.
+
+        ``before=None`` (a read or write that is not part of a step) keeps the value before the
+        step in ``var.before``, for a re-run of the step that reads after this (see the module
+        docstring); a later step (``before`` given) needs no such copy.
+        """
+        step = var.due
+        if step is None or (before is not None and step >= before):
+            return
+        kept = (step, var.version, var.value.copy()) if before is None else None
+        self._apply_step(var, step)
+        with var.lock:
+            var.before = kept
+
     def _apply_step(self, var: Any, step: int) -> None:
         """Apply the mean of the contributions to ``step``; the caller holds the store lock."""
+        if var.due is not None and var.due <= step:
+            var.due = None  # an older deferred step is dropped below, like any overtaken one
         pending = var.pending.pop(step)
         grads = pending.in_order()
         total = grads[0]  # the private copy made on arrival: summed into in place
@@ -155,6 +210,7 @@ class SyncAccumulator:
             self._update(var, total)
             var.sync_step = step + 1
             var.applied_by = frozenset(pending.grads) if pending.indexed else frozenset()
+            var.before = None  # the value before an older step: no re-run can read it now
         for old in sorted(s for s in var.pending if s < var.sync_step):
             dropped = var.pending.pop(old)
             # Pushers that did not wait (a coordinator's) would otherwise never learn of it.
@@ -171,7 +227,10 @@ class SyncAccumulator:
         for var, _ in checked:
             pending = var.pending.get(step)
             if pending is not None:
-                for key in [k for k, (c, _) in pending.grads.items() if c == cid]:
+                withdrawn = [k for k, (c, _) in pending.grads.items() if c == cid]
+                for key in withdrawn:
                     del pending.grads[key]
+                if withdrawn and var.due == step:
+                    var.due = None  # one contribution short again: no longer complete
                 if not pending.grads:
                     del var.pending[step]

@@ -66,11 +66,13 @@ class PsConnections:
             raise first_error
         return results
 
-    def pull(self, requests: Mapping[int, Sequence[tuple[str, int]]]) -> dict[str, Pulled]:
+    def pull(self, requests: Mapping[int, Sequence[tuple[str, int]]], *,
+             step: int | None = None) -> dict[str, Pulled]:
         """``{ps: [(name, newer_than), ...]}`` -> ``{name: Pulled}`` for the variables that were
-        newer (one request per task, concurrently)."""
+        newer (one request per task, concurrently); ``step``: values as of that synchronous step
+        (a coordinator's function, see :meth:`VariableStore.pull`)."""
         calls = {ps: (lambda c, items=items: c.pull([n for n, _ in items],
-                                                    [v for _, v in items]))
+                                                    [v for _, v in items], step=step))
                  for ps, items in requests.items() if items}
         return {p.name: p for pulled in self._each(calls).values() for p in pulled}
 

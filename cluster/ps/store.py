@@ -19,7 +19,8 @@ synchronous accumulator lives in :mod:`cluster.ps._sync_accumulator`.
   pushes without a contributor index) into a copy, which is then divided by ``N`` once. A push
   with a ``contributor`` index (a coordinator's) replaces that contributor's earlier push for the
   same pending step, and re-pushing the step just applied changes nothing, so a function re-run
-  after its worker died mid-push is harmless.
+  after its worker died mid-push is harmless; such a step is applied on the variable's next use,
+  so the re-run still reads the values as of its step (``pull(step=...)``).
 - :meth:`~VariableStore.assign` ``ASSIGN``/``ASSIGN_ADD``/``ASSIGN_SUB``.
 
 Every update (an optimizer step, an assign) increments the variable's ``version`` by one;
@@ -147,6 +148,11 @@ class _Variable:
     applied_by: frozenset[int] = frozenset()
     # step -> its contributions; guarded by the store lock.
     pending: dict[int, Pending] = field(default_factory=dict)
+    # The complete step whose application is deferred (cluster.ps._sync_accumulator); written
+    # under the store lock, read without it by _settle.
+    due: int | None = None
+    # (step, version, value) before a deferred step that a read applied early, or None.
+    before: tuple[int, int, np.ndarray] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def meta(self) -> tuple:
@@ -223,6 +229,20 @@ class VariableStore:
             raise VariableNotFoundError(f"no variable {name!r}{self._where()}", variable=name)
         return var
 
+    def _settled(self, name: str, before: int | None = None) -> _Variable:
+        """:meth:`_get`, after applying the variable's deferred synchronous step if it is older
+        than ``before`` (``None``: any; see :mod:`cluster.ps._sync_accumulator`)."""
+        var = self._get(name)
+        self._settle(var, before)
+        return var
+
+    def _settle(self, var: _Variable, before: int | None) -> None:
+        due = var.due  # read without the lock: a step completing just after is not yet visible,
+        # as if this call had come first; only a due step takes the store lock
+        if due is not None and (before is None or due < before):
+            with self._lock:
+                self._sync.settle(var, before)
+
     def names(self) -> list[str]:
         """Names of every variable, in creation order."""
         with self._lock:
@@ -231,14 +251,18 @@ class VariableStore:
     def __contains__(self, name: object) -> bool:
         return name in self._vars
 
+    def nbytes(self, name: str) -> int:
+        """The size in bytes of variable ``name``'s value (fixed at creation)."""
+        return self._get(name).value.nbytes
+
     def version(self, name: str) -> int:
-        var = self._get(name)
+        var = self._settled(name)
         with var.lock:
             return var.version
 
     def slot(self, name: str, slot: str) -> np.ndarray:
         """A copy of optimizer slot ``slot`` (``"momentum"``, ``"m"``, ``"v"``) of ``name``."""
-        var = self._get(name)
+        var = self._settled(name)
         with var.lock:
             if slot not in var.slots:
                 raise VariableNotFoundError(f"variable {name}{self._where()} has no slot "
@@ -248,7 +272,7 @@ class VariableStore:
     def read_slots(self, name: str) -> tuple[OptimizerSpec | None, int, dict[str, np.ndarray]]:
         """``(optimizer, iterations, {slot: copy})`` of variable ``name``, read atomically (for
         checkpoints). Raises :class:`VariableNotFoundError`."""
-        var = self._get(name)
+        var = self._settled(name)
         with var.lock:
             return var.optimizer, var.iterations, {s: a.copy() for s, a in var.slots.items()}
 
@@ -262,7 +286,7 @@ class VariableStore:
         """
         if iterations is not None and int(iterations) < 0:
             raise ValueError(f"write_slots: iterations must be >= 0, got {iterations}")
-        var = self._get(name)
+        var = self._settled(name)
         self._check_optimizer(var, optimizer)
         with self._lock:  # adoption happens under the store lock (see _adopt)
             if var.optimizer is None:
@@ -284,24 +308,34 @@ class VariableStore:
 
     # ---- pull -----------------------------------------------------------------------------
 
-    def pull(self, names: Iterable[str],
-             newer_than: int | Sequence[int] | None = None) -> list[Pulled]:
+    def pull(self, names: Iterable[str], newer_than: int | Sequence[int] | None = None, *,
+             step: int | None = None) -> list[Pulled]:
         """Copies of the named variables, in the order asked, each with its version.
 
         ``newer_than`` (one version for all, or one per name; ``None`` or 0: always) leaves out
-        a variable whose version is not newer. Raises :class:`VariableNotFoundError`.
+        a variable whose version is not newer. ``step``: the synchronous step the reader
+        computes (a coordinator's function): the values *as of* that step, before its update,
+        even where every contribution to it has arrived (so a function re-run after its worker
+        died reads what the first run read); ``None``: the latest values, every complete step
+        applied. Raises :class:`VariableNotFoundError`, ``ValueError`` for a negative ``step``
+        or mismatched ``newer_than``.
         """
         return self.pull_with(names, newer_than,
-                              lambda name, version, value: Pulled(name, version, value.copy()))
+                              lambda name, version, value: Pulled(name, version, value.copy()),
+                              step=step)
 
     def pull_with(self, names: Iterable[str], newer_than: int | Sequence[int] | None,
-                  read: Callable[[str, int, np.ndarray], T]) -> list[T]:
+                  read: Callable[[str, int, np.ndarray], T], *,
+                  step: int | None = None) -> list[T]:
         """:meth:`pull`, with ``read(name, version, value)`` making what leaves the store.
 
         ``read`` runs under the variable's lock with the live value: it must copy what it keeps
         (a servicer encodes the value straight into its reply, one copy instead of two) and must
         not call the store. Its results are returned in the order asked.
         """
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+                                 or step < 0):
+            raise ValueError(f"pull: step must be an int >= 0 or None, got {step!r}")
         names = list(names)
         if newer_than is None or isinstance(newer_than, (int, np.integer)):
             thresholds = [int(newer_than or 0)] * len(names)
@@ -313,9 +347,15 @@ class VariableStore:
         variables = [self._get(n) for n in names]
         out = []
         for var, threshold in zip(variables, thresholds, strict=True):
+            self._settle(var, step)
             with var.lock:
-                if var.version > threshold:
-                    out.append(read(var.name, var.version, var.value))
+                version, value = var.version, var.value
+                kept = var.before
+                if step is not None and kept is not None and kept[0] == step \
+                        and var.sync_step == step + 1:
+                    _, version, value = kept  # a read applied the step early: as of before it
+                if version > threshold:
+                    out.append(read(var.name, version, value))
         return out
 
     # ---- assign ---------------------------------------------------------------------------
@@ -346,7 +386,7 @@ class VariableStore:
         :class:`VariableMismatchError`.
         """
         mode = AssignMode(mode)
-        var = self._get(name)
+        var = self._settled(name)
         array = self._coerce(var, value, mode.name.lower() + " value")
         with var.lock:
             if mode is AssignMode.ASSIGN:
@@ -462,8 +502,10 @@ class VariableStore:
         With ``wait`` the call returns when every variable pushed has applied ``step`` (versions
         after that update); on ``deadline`` (default :data:`SYNC_WAIT_SECONDS` from the call)
         its contribution is withdrawn and :class:`SyncTimeoutError` raised. Without ``wait`` it
-        returns as soon as the contribution is recorded (versions as they are then, after the
-        update if this push completed the step).
+        returns as soon as the contribution is recorded (versions as they are then). A step
+        completed by indexed pushes none of which waits is applied on the variable's next use
+        other than a read as of that step (:meth:`pull` with ``step``), so that a re-run of one
+        of its functions reads what the first run read (:mod:`cluster.ps._sync_accumulator`).
 
         Raises :class:`VariableNotFoundError`, :class:`VariableMismatchError` (shape, dtype,
         untrainable, no optimizer, a different optimizer), :class:`StaleStepError` (``step``
@@ -483,6 +525,8 @@ class VariableStore:
                             f"{type(optimizer).__name__}")
         checked = self._check_grads(grads, optimizer)
         if num_contributors == 1 and contributor is None:
+            for var, _ in checked:
+                self._settle(var, None)
             if any(var.optimizer is None for var, _ in checked):
                 with self._lock:
                     self._adopt(checked, optimizer)
@@ -497,6 +541,8 @@ class VariableStore:
                              f"contributor={contributor}) needs a step >= 0, got {step!r}")
         with self._lock:
             index = None if contributor is None else int(contributor)
+            for var, _ in checked:  # a deferred older step applies before this one counts
+                self._sync.settle(var, int(step))
             self._sync.check(checked, int(step), index)
             self._adopt(checked, optimizer)
             return self._sync.push(checked, int(step), num_contributors, index, wait,

@@ -256,8 +256,10 @@ def refresh(variables: Sequence[PsVariable]) -> None:
             if shard.name not in seen:
                 seen.add(shard.name)
                 requests.setdefault(shard.ps, []).append((shard.name, variable._versions[i]))
-    pulled = variables[0]._strategy.extended._connections.pull(requests)
     scope = current_scope()
+    # A synchronous function reads as of its step: a re-run of it reads what its first run did.
+    step = scope.sync.step if scope is not None and scope.sync is not None else None
+    pulled = variables[0]._strategy.extended._connections.pull(requests, step=step)
     for variable in variables:
         variable._accept(pulled)
         if scope is not None:

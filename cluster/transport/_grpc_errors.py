@@ -26,11 +26,13 @@ from cluster.transport._ps_wire import ERROR_KEY, STORE_ERRORS
 from cluster.transport.api import PeerInfo
 
 __all__ = [
+    "abort_exhausted",
     "abort_invalid",
     "abort_store_error",
     "abort_unavailable",
     "fails_at_connect",
     "is_cancelled",
+    "is_exhausted",
     "is_unauthenticated",
     "spec_mismatch",
     "status_name",
@@ -79,6 +81,12 @@ def status_name(error: BaseException) -> str:
 def is_cancelled(error: BaseException) -> bool:
     """The call was cancelled (by us: a stream we closed)."""
     return _code(error) == grpc.StatusCode.CANCELLED
+
+
+def is_exhausted(error: BaseException) -> bool:
+    """The peer refused the call for one of its limits (RESOURCE_EXHAUSTED), e.g. a Pull whose
+    reply would be too large: a smaller call may succeed."""
+    return _code(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def is_unauthenticated(error: BaseException) -> bool:
@@ -174,6 +182,13 @@ def abort_store_error(context: grpc.ServicerContext, error: Exception) -> NoRetu
 def abort_invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
     """End a call whose request is malformed (INVALID_ARGUMENT); the server keeps serving."""
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def abort_exhausted(context: grpc.ServicerContext, message: str) -> NoReturn:
+    """End a call refused for one of the server's limits (RESOURCE_EXHAUSTED); it keeps
+    serving, and a smaller call may succeed (:func:`is_exhausted`)."""
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 

@@ -12,15 +12,17 @@ travel as ``cluster.transport._ps_codec`` writes them (protobuf's bytes, fewer c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
+from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
-from cluster.transport._grpc_errors import translate
+from cluster.transport._grpc_errors import is_exhausted, translate
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_pull_reply, encode_push_request
 from cluster.transport._ps_wire import fill_chunk, from_chunk
@@ -34,6 +36,11 @@ __all__ = ["SERVICE", "PsClient", "PsWatch", "optimizer_from_proto", "optimizer_
 
 SERVICE = "cluster_runtime.v1.ParameterServer"
 DEFAULT_TIMEOUT = 30.0
+
+
+class _ReplyTooLarge(Exception):
+    """The server refused a Pull whose reply would exceed its limit (RESOURCE_EXHAUSTED)."""
+
 
 def optimizer_to_proto(spec: OptimizerSpec | None) -> ps_pb2.OptimizerConfig:
     if spec is None:
@@ -101,10 +108,15 @@ class PsClient:
 
     def _call(self, method: str, request: Any, timeout: float | None, activity: str) -> Any:
         seconds = self.timeout if timeout is None else timeout
+        start = time.monotonic()
         try:
             return self._calls[method](request, timeout=seconds, metadata=self._token.metadata)
         except grpc.RpcError as e:
-            raise translate(e, self._peer, activity, seconds=seconds) from e
+            if method == "Pull" and is_exhausted(e):
+                raise _ReplyTooLarge(e.details()) from e
+            # The time that really passed (a refused connection fails at once), and the budget.
+            raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
+                            seconds=time.monotonic() - start) from e
 
     def create(self, name: str, initial_value: Any, *, trainable: bool = True,
                optimizer: OptimizerSpec | None = None, exist_ok: bool = False,
@@ -117,14 +129,32 @@ class PsClient:
         return self._call("CreateVariable", request, timeout, f"create {name}").version
 
     def pull(self, names: Iterable[str], newer_than: int | Sequence[int] | None = None, *,
-             timeout: float | None = None) -> list[Pulled]:
-        """:meth:`VariableStore.pull` on the task; values are read-only arrays."""
+             step: int | None = None, timeout: float | None = None) -> list[Pulled]:
+        """:meth:`VariableStore.pull` on the task (``step``: values as of that synchronous
+        step); values are read-only arrays."""
         names = list(names)
         if newer_than is None or isinstance(newer_than, int):
             newer_than = [newer_than or 0] * len(names)
-        activity = f"pull of {len(names)} variables"
-        reply = self._call("Pull", ps_pb2.PullRequest(names=names, newer_than=list(newer_than)),
-                           timeout, activity)
+        deadline = Deadline.after(self.timeout if timeout is None else timeout)
+        return self._pull(names, list(newer_than), step, deadline)
+
+    def _pull(self, names: list[str], newer_than: list[int], step: int | None,
+              deadline: Deadline) -> list[Pulled]:
+        """One Pull; one per half when the server finds the reply too large (its limit on one
+        Pull of several variables), all within ``deadline``."""
+        activity = f"pull of {len(names)} variables" + (
+            f" as of step {step}" if step is not None else "")
+        try:
+            reply = self._call("Pull", ps_pb2.PullRequest(names=names, newer_than=newer_than,
+                                                          step=step),
+                               deadline.remaining(), activity)
+        except _ReplyTooLarge as e:
+            if len(names) < 2:
+                raise ValueError(f"{self.task} ({self.address}) refused the {activity}: {e}") \
+                    from e
+            half = len(names) // 2
+            return (self._pull(names[:half], newer_than[:half], step, deadline)
+                    + self._pull(names[half:], newer_than[half:], step, deadline))
         try:
             values = decode_pull_reply(reply)  # views of the reply's bytes: no copy
         except ValueError as e:

@@ -242,8 +242,10 @@ def test_wait_false_returns_before_the_step_completes() -> None:
     assert done.wait(10), "a push with wait=False waited for the step"
     thread.join(timeout=10)
     assert store.version("w") == 1 and 0 in store._vars["w"].pending
+    # Completed the step by pushes that do not wait: applied on the variable's next use.
     assert store.push({"w": np.ones(3, F32)}, step=0, num_contributors=2, contributor=1,
-                      wait=False) == [2]  # completed the step: versions after it
+                      wait=False) == [1]
+    assert store.version("w") == 2 and not store._vars["w"].pending
 
 
 def test_a_contributor_makes_a_single_contributor_push_synchronous() -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cluster.transport._pb import tensor_pb2 as cluster_dot_transport_dot___pb_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63luster/transport/_pb/ps.proto\x12\x12\x63luster_runtime.v1\x1a\"cluster/transport/_pb/tensor.proto\"w\n\x0fOptimizerConfig\x12,\n\x03sgd\x18\x01 \x01(\x0b\x32\x1d.cluster_runtime.v1.SGDConfigH\x00\x12.\n\x04\x61\x64\x61m\x18\x02 \x01(\x0b\x32\x1e.cluster_runtime.v1.AdamConfigH\x00\x42\x06\n\x04rule\"F\n\tSGDConfig\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\x10\n\x08momentum\x18\x02 \x01(\x01\x12\x10\n\x08nesterov\x18\x03 \x01(\x08\"T\n\nAdamConfig\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\x0e\n\x06\x62\x65ta_1\x18\x02 \x01(\x01\x12\x0e\n\x06\x62\x65ta_2\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\"\xba\x01\n\x15\x43reateVariableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\rinitial_value\x18\x02 \x01(\x0b\x32\x1f.cluster_runtime.v1.TensorChunk\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x36\n\toptimizer\x18\x04 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x10\n\x08\x65xist_ok\x18\x05 \x01(\x08\"&\n\x13\x43reateVariableReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"0\n\x0bPullRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\nnewer_than\x18\x02 \x03(\x04\"^\n\rVariableValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\x05value\x18\x03 \x01(\x0b\x32\x1f.cluster_runtime.v1.TensorChunk\">\n\tPullReply\x12\x31\n\x06values\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableValue\"\xde\x01\n\x0bPushRequest\x12\x34\n\tgradients\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableValue\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x18\n\x10num_contributors\x18\x03 \x01(\r\x12\x36\n\toptimizer\x18\x04 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x18\n\x0b\x63ontributor\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07no_wait\x18\x06 \x01(\x08\x42\x0e\n\x0c_contributor\"\x1d\n\tPushReply\x12\x10\n\x08versions\x18\x01 \x03(\x04\"\xab\x01\n\rAssignRequest\x12\x30\n\x05value\x18\x01 \x01(\x0b\x32!.cluster_runtime.v1.VariableValue\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.cluster_runtime.v1.AssignRequest.Mode\"2\n\x04Mode\x12\n\n\x06\x41SSIGN\x10\x00\x12\x0e\n\nASSIGN_ADD\x10\x01\x12\x0e\n\nASSIGN_SUB\x10\x02\"\x1e\n\x0b\x41ssignReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\xaf\x01\n\rVariableSlots\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\toptimizer\x18\x02 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x17\n\niterations\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x30\n\x05slots\x18\x04 \x03(\x0b\x32!.cluster_runtime.v1.VariableValueB\r\n\x0b_iterations\"!\n\x10ReadSlotsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x0eReadSlotsReply\x12\x34\n\tvariables\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableSlots\"I\n\x11WriteSlotsRequest\x12\x34\n\tvariables\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableSlots\"\x11\n\x0fWriteSlotsReply2\x86\x04\n\x0fParameterServer\x12\x64\n\x0e\x43reateVariable\x12).cluster_runtime.v1.CreateVariableRequest\x1a\'.cluster_runtime.v1.CreateVariableReply\x12\x46\n\x04Pull\x12\x1f.cluster_runtime.v1.PullRequest\x1a\x1d.cluster_runtime.v1.PullReply\x12\x46\n\x04Push\x12\x1f.cluster_runtime.v1.PushRequest\x1a\x1d.cluster_runtime.v1.PushReply\x12L\n\x06\x41ssign\x12!.cluster_runtime.v1.AssignRequest\x1a\x1f.cluster_runtime.v1.AssignReply\x12U\n\tReadSlots\x12$.cluster_runtime.v1.ReadSlotsRequest\x1a\".cluster_runtime.v1.ReadSlotsReply\x12X\n\nWriteSlots\x12%.cluster_runtime.v1.WriteSlotsRequest\x1a#.cluster_runtime.v1.WriteSlotsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63luster/transport/_pb/ps.proto\x12\x12\x63luster_runtime.v1\x1a\"cluster/transport/_pb/tensor.proto\"w\n\x0fOptimizerConfig\x12,\n\x03sgd\x18\x01 \x01(\x0b\x32\x1d.cluster_runtime.v1.SGDConfigH\x00\x12.\n\x04\x61\x64\x61m\x18\x02 \x01(\x0b\x32\x1e.cluster_runtime.v1.AdamConfigH\x00\x42\x06\n\x04rule\"F\n\tSGDConfig\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\x10\n\x08momentum\x18\x02 \x01(\x01\x12\x10\n\x08nesterov\x18\x03 \x01(\x08\"T\n\nAdamConfig\x12\x15\n\rlearning_rate\x18\x01 \x01(\x01\x12\x0e\n\x06\x62\x65ta_1\x18\x02 \x01(\x01\x12\x0e\n\x06\x62\x65ta_2\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\"\xba\x01\n\x15\x43reateVariableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\rinitial_value\x18\x02 \x01(\x0b\x32\x1f.cluster_runtime.v1.TensorChunk\x12\x11\n\ttrainable\x18\x03 \x01(\x08\x12\x36\n\toptimizer\x18\x04 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x10\n\x08\x65xist_ok\x18\x05 \x01(\x08\"&\n\x13\x43reateVariableReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"L\n\x0bPullRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\nnewer_than\x18\x02 \x03(\x04\x12\x11\n\x04step\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_step\"^\n\rVariableValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\x05value\x18\x03 \x01(\x0b\x32\x1f.cluster_runtime.v1.TensorChunk\">\n\tPullReply\x12\x31\n\x06values\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableValue\"\xde\x01\n\x0bPushRequest\x12\x34\n\tgradients\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableValue\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x18\n\x10num_contributors\x18\x03 \x01(\r\x12\x36\n\toptimizer\x18\x04 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x18\n\x0b\x63ontributor\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07no_wait\x18\x06 \x01(\x08\x42\x0e\n\x0c_contributor\"\x1d\n\tPushReply\x12\x10\n\x08versions\x18\x01 \x03(\x04\"\xab\x01\n\rAssignRequest\x12\x30\n\x05value\x18\x01 \x01(\x0b\x32!.cluster_runtime.v1.VariableValue\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.cluster_runtime.v1.AssignRequest.Mode\"2\n\x04Mode\x12\n\n\x06\x41SSIGN\x10\x00\x12\x0e\n\nASSIGN_ADD\x10\x01\x12\x0e\n\nASSIGN_SUB\x10\x02\"\x1e\n\x0b\x41ssignReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\xaf\x01\n\rVariableSlots\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x36\n\toptimizer\x18\x02 \x01(\x0b\x32#.cluster_runtime.v1.OptimizerConfig\x12\x17\n\niterations\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x30\n\x05slots\x18\x04 \x03(\x0b\x32!.cluster_runtime.v1.VariableValueB\r\n\x0b_iterations\"!\n\x10ReadSlotsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x0eReadSlotsReply\x12\x34\n\tvariables\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableSlots\"I\n\x11WriteSlotsRequest\x12\x34\n\tvariables\x18\x01 \x03(\x0b\x32!.cluster_runtime.v1.VariableSlots\"\x11\n\x0fWriteSlotsReply2\x86\x04\n\x0fParameterServer\x12\x64\n\x0e\x43reateVariable\x12).cluster_runtime.v1.CreateVariableRequest\x1a\'.cluster_runtime.v1.CreateVariableReply\x12\x46\n\x04Pull\x12\x1f.cluster_runtime.v1.PullRequest\x1a\x1d.cluster_runtime.v1.PullReply\x12\x46\n\x04Push\x12\x1f.cluster_runtime.v1.PushRequest\x1a\x1d.cluster_runtime.v1.PushReply\x12L\n\x06\x41ssign\x12!.cluster_runtime.v1.AssignRequest\x1a\x1f.cluster_runtime.v1.AssignReply\x12U\n\tReadSlots\x12$.cluster_runtime.v1.ReadSlotsRequest\x1a\".cluster_runtime.v1.ReadSlotsReply\x12X\n\nWriteSlots\x12%.cluster_runtime.v1.WriteSlotsRequest\x1a#.cluster_runtime.v1.WriteSlotsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,31 +43,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEVARIABLEREPLY']._serialized_start=558
   _globals['_CREATEVARIABLEREPLY']._serialized_end=596
   _globals['_PULLREQUEST']._serialized_start=598
-  _globals['_PULLREQUEST']._serialized_end=646
-  _globals['_VARIABLEVALUE']._serialized_start=648
-  _globals['_VARIABLEVALUE']._serialized_end=742
-  _globals['_PULLREPLY']._serialized_start=744
-  _globals['_PULLREPLY']._serialized_end=806
-  _globals['_PUSHREQUEST']._serialized_start=809
-  _globals['_PUSHREQUEST']._serialized_end=1031
-  _globals['_PUSHREPLY']._serialized_start=1033
-  _globals['_PUSHREPLY']._serialized_end=1062
-  _globals['_ASSIGNREQUEST']._serialized_start=1065
-  _globals['_ASSIGNREQUEST']._serialized_end=1236
-  _globals['_ASSIGNREQUEST_MODE']._serialized_start=1186
-  _globals['_ASSIGNREQUEST_MODE']._serialized_end=1236
-  _globals['_ASSIGNREPLY']._serialized_start=1238
-  _globals['_ASSIGNREPLY']._serialized_end=1268
-  _globals['_VARIABLESLOTS']._serialized_start=1271
-  _globals['_VARIABLESLOTS']._serialized_end=1446
-  _globals['_READSLOTSREQUEST']._serialized_start=1448
-  _globals['_READSLOTSREQUEST']._serialized_end=1481
-  _globals['_READSLOTSREPLY']._serialized_start=1483
-  _globals['_READSLOTSREPLY']._serialized_end=1553
-  _globals['_WRITESLOTSREQUEST']._serialized_start=1555
-  _globals['_WRITESLOTSREQUEST']._serialized_end=1628
-  _globals['_WRITESLOTSREPLY']._serialized_start=1630
-  _globals['_WRITESLOTSREPLY']._serialized_end=1647
-  _globals['_PARAMETERSERVER']._serialized_start=1650
-  _globals['_PARAMETERSERVER']._serialized_end=2168
+  _globals['_PULLREQUEST']._serialized_end=674
+  _globals['_VARIABLEVALUE']._serialized_start=676
+  _globals['_VARIABLEVALUE']._serialized_end=770
+  _globals['_PULLREPLY']._serialized_start=772
+  _globals['_PULLREPLY']._serialized_end=834
+  _globals['_PUSHREQUEST']._serialized_start=837
+  _globals['_PUSHREQUEST']._serialized_end=1059
+  _globals['_PUSHREPLY']._serialized_start=1061
+  _globals['_PUSHREPLY']._serialized_end=1090
+  _globals['_ASSIGNREQUEST']._serialized_start=1093
+  _globals['_ASSIGNREQUEST']._serialized_end=1264
+  _globals['_ASSIGNREQUEST_MODE']._serialized_start=1214
+  _globals['_ASSIGNREQUEST_MODE']._serialized_end=1264
+  _globals['_ASSIGNREPLY']._serialized_start=1266
+  _globals['_ASSIGNREPLY']._serialized_end=1296
+  _globals['_VARIABLESLOTS']._serialized_start=1299
+  _globals['_VARIABLESLOTS']._serialized_end=1474
+  _globals['_READSLOTSREQUEST']._serialized_start=1476
+  _globals['_READSLOTSREQUEST']._serialized_end=1509
+  _globals['_READSLOTSREPLY']._serialized_start=1511
+  _globals['_READSLOTSREPLY']._serialized_end=1581
+  _globals['_WRITESLOTSREQUEST']._serialized_start=1583
+  _globals['_WRITESLOTSREQUEST']._serialized_end=1656
+  _globals['_WRITESLOTSREPLY']._serialized_start=1658
+  _globals['_WRITESLOTSREPLY']._serialized_end=1675
+  _globals['_PARAMETERSERVER']._serialized_start=1678
+  _globals['_PARAMETERSERVER']._serialized_end=2196
 # @@protoc_insertion_point(module_scope)

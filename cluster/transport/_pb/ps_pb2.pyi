@@ -59,12 +59,14 @@ class CreateVariableReply(_message.Message):
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("names", "newer_than")
+    __slots__ = ("names", "newer_than", "step")
     NAMES_FIELD_NUMBER: _ClassVar[int]
     NEWER_THAN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
     newer_than: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, names: _Optional[_Iterable[str]] = ..., newer_than: _Optional[_Iterable[int]] = ...) -> None: ...
+    step: int
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., newer_than: _Optional[_Iterable[int]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class VariableValue(_message.Message):
     __slots__ = ("name", "version", "value")
