@@ -147,7 +147,7 @@ def test_a_wrong_ca_peer_cannot_connect(pki, cert, trusts) -> None:
             with acceptor._lock:
                 if acceptor._inbound == {}:
                     break
-                assert not deadline.expired(), f"still registered: {acceptor._inbound}"
+                assert not deadline.expired, f"still registered: {acceptor._inbound}"
             time.sleep(0.01)
     finally:
         dialer.close(Deadline.after(2))
