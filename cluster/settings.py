@@ -36,6 +36,8 @@ __all__ = [
     "ENV_HEARTBEAT_TIMEOUT",
     "ENV_LAUNCHER_PID",
     "ENV_RESTART_COUNT",
+    "ENV_STEPS",
+    "ENV_TIMELINE",
     "ENV_TOKEN",
     "ENV_VARS",
     "TaskSettings",
@@ -54,6 +56,8 @@ ENV_LAUNCHER_PID = "CLUSTER_LAUNCHER_PID"
 ENV_ERROR_FILE = "CLUSTER_ERROR_FILE"
 ENV_RESTART_COUNT = "CLUSTER_RESTART_COUNT"
 ENV_GRACE_PERIOD = "CLUSTER_GRACE_PERIOD"
+ENV_TIMELINE = "CLUSTER_TIMELINE"  # cluster.timeline: this task's Chrome trace
+ENV_STEPS = "CLUSTER_STEPS"  # cluster.timeline: this task's step records
 
 DATA_PLANES = ("tcp", "grpc")
 
@@ -131,6 +135,8 @@ class TaskSettings:
     error_file: str | None = None
     restart_count: int = 0
     grace_period: float | None = None
+    timeline: str | None = None  # CLUSTER_TIMELINE, CLUSTER_STEPS: see cluster.timeline
+    steps_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -190,6 +196,8 @@ class TaskSettings:
         grace = env.get(ENV_GRACE_PERIOD, "").strip()
         if grace:
             values["grace_period"] = _parse_grace(grace)
+        values["timeline"] = env.get(ENV_TIMELINE) or None
+        values["steps_file"] = env.get(ENV_STEPS) or None
         return cls(**values)
 
 
@@ -221,4 +229,9 @@ ENV_VARS = (
     (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),
     (ENV_GRACE_PERIOD, "unset", "Set by clusterctl and the renders: seconds from SIGTERM to "
      "SIGKILL (`timeouts.grace`); `PreemptionCheckpointHandler` checks its save against it."),
+    (ENV_TIMELINE, "unset", "Write this task's Chrome trace (steps, collectives) to this file; "
+     "to clusterctl: merge every task's into it (README \"Watching a run\")."),
+    (ENV_STEPS, "unset", "Set by clusterctl: where this task writes its per-step records."),
+    ("CLUSTER_RUN_DIR", "unset", "Set by clusterctl: the run directory (the examples write "
+     "their curves there)."),
 )

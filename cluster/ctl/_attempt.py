@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import exitcodes
-from cluster.ctl import policy
+from cluster.ctl import _telemetry, policy
 from cluster.ctl._output import Console
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.spec import ClusterFile
@@ -145,6 +145,7 @@ class Attempt:
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
+        env.update(_telemetry.task_env(self.spec, task.log_path.parent, task.name, env))
         return env
 
     def _spawn(self, task: TaskProcess) -> None:

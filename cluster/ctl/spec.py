@@ -130,6 +130,7 @@ class ClusterFile:
     mode: str = COLLECTIVE
     limits: Limits = Limits()
     resources: dict[str, dict[str, str]] = field(default_factory=dict)  # Kubernetes only
+    timeline: bool = False  # write RUN_DIR/timeline.json (cluster.ctl._telemetry)
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -174,7 +175,7 @@ class ClusterFile:
 
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
-             "port_base", "restart", "log_dir", "timeouts", "limits", "resources")
+             "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "timeline")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
@@ -519,6 +520,13 @@ def parse_cluster_file(text: str, path: Path) -> ClusterFile:
         values["limits"] = _limits(c, top["limits"])
     if "resources" in top:
         values["resources"] = parse_resources(c, top["resources"])
+    if "timeline" in top:
+        if isinstance(top["timeline"].value, bool):
+            values["timeline"] = top["timeline"].value
+        else:
+            c.add(top["timeline"].line, "timeline",
+                  f"expected true or false, got {kind_of(top['timeline'].value)}",
+                  "timeline: true writes RUN_DIR/timeline.json")
     if values["jobs"] and values.get("limits", Limits()) is not None:
         _check_counts(c, top, values["jobs"], values.get("limits", Limits()),
                       values.get("port_base"))
