@@ -16,24 +16,49 @@ import json
 import os
 import threading
 import time
+from json.encoder import encode_basestring_ascii as _encode_string
 from typing import Any
 
 from cluster.timeline._files import LineStream
 
-__all__ = ["Recorder", "describe"]
+__all__ = ["Recorder", "describe", "payload_bytes"]
 
 
-def describe(value: Any) -> tuple[str, int]:
-    """``("float32[1024]", 4096)``: a collective's input as the trace names it, and its bytes
-    (a list, as ``all_reduce_many`` takes: ``"12 tensors"`` and the sum; ``None``: ``("", 0)``)."""
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def describe(value: Any) -> str:
+    """``"float32[1024]"``: a collective's input as the trace names it (a list, as
+    ``all_reduce_many`` takes: ``"12 tensors"``; ``None``: ``""``)."""
     if value is None:
-        return "", 0
+        return ""
     if isinstance(value, list | tuple):
-        return f"{len(value)} tensors", sum(describe(v)[1] for v in value)
+        return f"{len(value)} tensors"
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
-        return f"{dtype}[{','.join(str(d) for d in shape)}]", int(getattr(value, "nbytes", 0))
-    return type(value).__name__, 8
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:  # str(dtype) costs a microsecond: once per dtype
+            name = _DTYPE_NAMES[dtype] = str(dtype)
+        return f"{name}[{','.join(map(str, shape))}]"
+    return type(value).__name__
+
+
+def payload_bytes(value: Any) -> int:
+    """The bytes of a collective's input (a list: their sum; a Python scalar: 8)."""
+    if value is None:
+        return 0
+    if isinstance(value, list | tuple):
+        return sum(payload_bytes(v) for v in value)
+    nbytes = getattr(value, "nbytes", None)
+    return int(nbytes) if nbytes is not None else 8
+
+
+def _quote(text: str) -> str:
+    return _encode_string(text)
+
+
+def _number(value: float | None, digits: int = 6) -> str:
+    return "null" if value is None else f"{value:.{digits}f}"
 
 
 class _Step:
@@ -66,7 +91,7 @@ class Recorder:
                                                            tail=name + "]\n")
         header = json.dumps({"task": task, "pid": self._pid, "start": round(time.time(), 6)})
         self._steps = None if steps is None else LineStream(steps, head=header + "\n")
-        self.last_step: dict[str, Any] | None = None
+        self.last_step: str | None = None  # the last step record's JSON line
 
     # -- spans (called by the hooks in cluster.timeline) -----------------------------------------
 
@@ -87,30 +112,31 @@ class Recorder:
         previous = getattr(self._local, "previous_start", None)
         self._local.previous_start = step.start
         interval = None if previous is None else step.start - previous
-        args: dict[str, Any] = {"collective_ms": round(step.collective_time * 1e3, 3),
-                                "bytes": step.bytes}
-        if step.samples is not None:
-            args["samples"] = step.samples
-        if error is not None:
-            args["error"] = type(error).__name__
-        self._event(f"step {step.number}", "step", step.start, duration, args)
-        record: dict[str, Any] = {
-            "step": step.number, "start": round(step.start + self._offset, 6),
-            "time": round(duration, 6),
-            "interval": None if interval is None else round(interval, 6),
-            "collective_time": round(step.collective_time, 6),
-            "collectives": step.collectives, "bytes": step.bytes, "samples": step.samples,
-        }
+        samples = step.samples
         per = interval or duration
-        record["samples_per_s"] = (round(step.samples / per, 3)
-                                   if step.samples is not None and per > 0 else None)
-        self.last_step = record
+        rate = samples / per if samples is not None and per > 0 else None
+        if self._trace is not None:
+            args = f'"collective_ms":{step.collective_time * 1e3:.3f},"bytes":{step.bytes}'
+            if samples is not None:
+                args += f',"samples":{samples}'
+            if error is not None:
+                args += f',"error":{_quote(type(error).__name__)}'
+            self._event(f'"step {step.number}"', "step", step.start, duration, args)
+        # Formatted by hand: json.dumps of a dict costs several times more, once per step.
+        line = (f'{{"step":{step.number},"start":{step.start + self._offset:.6f},'
+                f'"time":{duration:.6f},"interval":{_number(interval)},'
+                f'"collective_time":{step.collective_time:.6f},"collectives":{step.collectives},'
+                f'"bytes":{step.bytes},"samples":{"null" if samples is None else samples},'
+                f'"samples_per_s":{_number(rate, 3)}}}\n')
+        self.last_step = line
         if self._steps is not None:
-            self._steps.add(json.dumps(record, separators=(",", ":")) + "\n")
+            self._steps.add(line)
 
     def phase(self, name: str, start: float, args: dict[str, Any] | None = None) -> None:
         """A finished phase (``run``, ``data``, ...) that began at ``start`` (perf_counter)."""
-        self._event(name, "phase", start, time.perf_counter() - start, args)
+        if self._trace is not None:
+            extra = json.dumps(args, separators=(",", ":"))[1:-1] if args else ""
+            self._event(_quote(name), "phase", start, time.perf_counter() - start, extra)
 
     def collective_started(self) -> int:
         """Returns the nesting depth of the collective that starts (0: the outermost)."""
@@ -122,7 +148,7 @@ class Recorder:
                          depth: int, error: BaseException | None) -> None:
         duration = time.perf_counter() - start
         self._local.depth = depth
-        what, nbytes = describe(value)
+        nbytes = payload_bytes(value)
         step = getattr(self._local, "step", None)
         if step is not None and depth == 0:  # inner calls (the hosts' leaders) are inside it
             step.collective_time += duration
@@ -130,11 +156,12 @@ class Recorder:
             step.bytes += nbytes
         if self._trace is None:
             return
-        args: dict[str, Any] = {"group": group, "bytes": nbytes}
+        what = describe(value)
+        name = f"{kind} #{seq} ({what})" if what else f"{kind} #{seq}"
+        args = f'"group":{_quote(group)},"bytes":{nbytes}'
         if error is not None:
-            args["error"] = f"{type(error).__name__}: {error}"[:300]
-        self._event(f"{kind} #{seq} ({what})" if what else f"{kind} #{seq}", "collective",
-                    start, duration, args)
+            args += f',"error":{_quote(f"{type(error).__name__}: {error}"[:300])}'
+        self._event(_quote(name), "collective", start, duration, args)
 
     # -- output ----------------------------------------------------------------------------------
 
@@ -142,20 +169,19 @@ class Recorder:
         return json.dumps({"name": name, "ph": "M", "pid": self._pid, "tid": tid, "args": args},
                           separators=(",", ":"))
 
-    def _event(self, name: str, cat: str, start: float, duration: float,
-               args: dict[str, Any] | None) -> None:
-        if self._trace is None:
-            return
+    def _event(self, quoted_name: str, cat: str, start: float, duration: float,
+               args: str) -> None:
+        """One complete ("X") event; ``args``: the inside of its JSON ``args`` object."""
+        assert self._trace is not None
         tid = threading.get_native_id()
         if tid not in self._threads:
             self._threads.add(tid)
             self._trace.add(self._meta("thread_name", {"name": threading.current_thread().name},
                                        tid) + ",\n")
-        event = {"name": name, "cat": cat, "ph": "X", "pid": self._pid, "tid": tid,
-                 "ts": round((start + self._offset) * 1e6, 1), "dur": round(duration * 1e6, 1)}
-        if args:
-            event["args"] = args
-        self._trace.add(json.dumps(event, separators=(",", ":")) + ",\n")
+        self._trace.add(
+            f'{{"name":{quoted_name},"cat":"{cat}","ph":"X","pid":{self._pid},"tid":{tid},'
+            f'"ts":{(start + self._offset) * 1e6:.1f},"dur":{duration * 1e6:.1f},'
+            f'"args":{{{args}}}}},\n')
 
     def flush(self) -> None:
         for stream in (self._trace, self._steps):
