@@ -4,7 +4,8 @@ Under ``cluster.MultiWorkerMirroredStrategy`` (one replica per task), times bloc
 ``--steps`` steps of ``strategy.run(lambda: get_replica_context().all_reduce(SUM, x))`` with
 ``x`` 4 KiB of float32, with the timeline in three states, interleaved round by round so that
 load on the machine hits them alike: ``off`` (no recorder), ``steps`` (step records only),
-``trace`` (step records and the Chrome trace), each recorder writing into OUT_DIR. Every task
+``trace`` (step records and the Chrome trace), each recorder writing into OUT_DIR, in an order
+that rotates from round to round. Every task
 switches at the same step (the switch itself is outside the timed blocks). Prints one line
 ``TIMELINE_BENCH {json}``: ``{"task", "times": {state: [seconds per step, one per block]}}``.
 """
@@ -41,7 +42,7 @@ def main() -> int:
 
     times: dict[str, list[float]] = {s: [] for s in STATES}
     for r in range(args.rounds + 1):  # round 0 warms up and is dropped
-        for state in STATES:
+        for state in STATES[r % 3:] + STATES[:r % 3]:  # each state first in some rounds
             recorder = None
             if state != "off":
                 base = args.out / f"{task}-{state}-{r}"

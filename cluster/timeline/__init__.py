@@ -181,9 +181,17 @@ def _samples_of(args: Sequence[Any]) -> int | None:
     """The leading dimension of the first array-like argument, summed over its local
     components (a ``PerReplica``'s ``values``); ``None`` when no argument has one."""
     for arg in args:
+        shape = getattr(arg, "shape", None)
+        if shape:  # an array of rank >= 1 (the common case, checked first: once per step)
+            return int(shape[0])
         parts = getattr(arg, "values", None)
-        parts = parts if isinstance(parts, tuple | list) else (arg,)
-        shapes = [getattr(p, "shape", None) for p in parts]
-        if shapes and all(s is not None and len(s) >= 1 for s in shapes):
-            return int(sum(s[0] for s in shapes))
+        if isinstance(parts, tuple | list) and parts:
+            total = 0
+            for part in parts:
+                shape = getattr(part, "shape", None)
+                if not shape:
+                    break
+                total += shape[0]
+            else:
+                return int(total)
     return None
