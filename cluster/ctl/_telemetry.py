@@ -41,7 +41,7 @@ def _merged_path(spec: ClusterFile, run_dir: Path, env: Mapping[str, str]) -> Pa
     wanted = spec.env.get(ENV_TIMELINE, "").strip() or env.get(ENV_TIMELINE, "").strip()
     if wanted:
         return Path(wanted).expanduser().resolve()  # relative to clusterctl's directory
-    return run_dir / "timeline.json" if getattr(spec, "timeline", False) else None
+    return run_dir / "timeline.json" if spec.timeline else None
 
 
 def task_env(spec: ClusterFile, run_dir: Path, task: str,

@@ -91,7 +91,6 @@ class Recorder:
                                                            tail=name + "]\n")
         header = json.dumps({"task": task, "pid": self._pid, "start": round(time.time(), 6)})
         self._steps = None if steps is None else LineStream(steps, head=header + "\n")
-        self.last_step: str | None = None  # the last step record's JSON line
 
     # -- spans (called by the hooks in cluster.timeline) -----------------------------------------
 
@@ -128,7 +127,6 @@ class Recorder:
                 f'"collective_time":{step.collective_time:.6f},"collectives":{step.collectives},'
                 f'"bytes":{step.bytes},"samples":{"null" if samples is None else samples},'
                 f'"samples_per_s":{_number(rate, 3)}}}\n')
-        self.last_step = line
         if self._steps is not None:
             self._steps.add(line)
 
