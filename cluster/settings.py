@@ -39,6 +39,8 @@ __all__ = [
     "ENV_TLS_CA",
     "ENV_TLS_CERT",
     "ENV_TLS_KEY",
+    "ENV_STEPS",
+    "ENV_TIMELINE",
     "ENV_TOKEN",
     "ENV_VARS",
     "TaskSettings",
@@ -61,6 +63,8 @@ ENV_TLS_CERT = "CLUSTER_TLS_CERT"
 ENV_TLS_KEY = "CLUSTER_TLS_KEY"
 ENV_TLS_CA = "CLUSTER_TLS_CA"
 _TLS_VARS = (ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA)
+ENV_TIMELINE = "CLUSTER_TIMELINE"  # cluster.timeline: this task's Chrome trace
+ENV_STEPS = "CLUSTER_STEPS"  # cluster.timeline: this task's step records
 
 DATA_PLANES = ("tcp", "grpc")
 
@@ -143,6 +147,8 @@ class TaskSettings:
     restart_count: int = 0
     grace_period: float | None = None
     tls_files: tuple[str, str, str] | None = None
+    timeline: str | None = None  # CLUSTER_TIMELINE, CLUSTER_STEPS: see cluster.timeline
+    steps_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -209,6 +215,8 @@ class TaskSettings:
             raise TaskConfigError(f"TLS needs all of {', '.join(_TLS_VARS)}; {missing} unset "
                                   "(`clusterctl certs DIR FILE` makes the files)")
         values["tls_files"] = tls if all(tls) else None
+        values["timeline"] = env.get(ENV_TIMELINE) or None
+        values["steps_file"] = env.get(ENV_STEPS) or None
         return cls(**values)
 
 
@@ -245,4 +253,9 @@ ENV_VARS = (
     (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),
     (ENV_GRACE_PERIOD, "unset", "Set by clusterctl and the renders: seconds from SIGTERM to "
      "SIGKILL (`timeouts.grace`); `PreemptionCheckpointHandler` checks its save against it."),
+    (ENV_TIMELINE, "unset", "Write this task's Chrome trace (steps, collectives) to this file; "
+     "to clusterctl: merge every task's into it (README \"Watching a run\")."),
+    (ENV_STEPS, "unset", "Set by clusterctl: where this task writes its per-step records."),
+    ("CLUSTER_RUN_DIR", "unset", "Set by clusterctl: the run directory (the examples write "
+     "their curves there)."),
 )

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from cluster import timeline
 from cluster._family import is_cupy, stage, to_array
 from cluster.collectives import _packing
 from cluster.collectives._buffers import BufferPool, working_copy
@@ -198,7 +199,7 @@ class CollectiveGroup:
 
         ``MEAN`` of integers truncates toward zero, as TensorFlow's collectives do.
         """
-        with self._collective("all_reduce", options) as call:
+        with self._collective("all_reduce", options, value) as call:
             op = ReduceOp.parse(op)
             route = self._device_route(call) if is_cupy(value) else None
             if route is not None:
@@ -224,7 +225,7 @@ class CollectiveGroup:
         device route where ``all_reduce`` would (NCCL among the host's GPUs), else the host path.
         Results are the caller's: no later call writes them.
         """
-        with self._collective("all_reduce_many", options) as call:
+        with self._collective("all_reduce_many", options, values) as call:
             op = ReduceOp.parse(op)
             if isinstance(values, str | bytes) or not isinstance(values, Sequence):
                 raise TypeError(f"all_reduce_many takes a list of values, got {values!r}")
@@ -257,7 +258,7 @@ class CollectiveGroup:
         As in tf.distribute, ``value`` must have rank >= 1 and the same shape on every rank
         except along ``axis``, where sizes may differ. Any dtype without Python objects.
         """
-        with self._collective("all_gather", options) as call:
+        with self._collective("all_gather", options, value) as call:
             staged = stage(value, "all_gather")
             array = staged.array
             _check_plain_dtype(array.dtype, "all_gather")
@@ -281,7 +282,7 @@ class CollectiveGroup:
 
         The root can return before slower ranks have received everything.
         """
-        with self._collective("broadcast", options) as call:
+        with self._collective("broadcast", options, value) as call:
             if isinstance(root, bool) or not isinstance(root, int | np.integer):
                 raise TypeError(f"broadcast root must be an int rank, got {root!r}")
             if not 0 <= root < self.world_size:
@@ -304,7 +305,7 @@ class CollectiveGroup:
         Axis 0 splits like ``np.array_split(result, world_size)``: the first ``n % world_size``
         segments have one row more, trailing ones may be empty.
         """
-        with self._collective("reduce_scatter", options) as call:
+        with self._collective("reduce_scatter", options, value) as call:
             op = ReduceOp.parse(op)
             staged = stage(value, "reduce_scatter")
             check_reducible(staged.array.dtype, "reduce_scatter")
@@ -454,15 +455,18 @@ class CollectiveGroup:
             call.options.implementation,
         )
         inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        with self._leaders._collective("all_reduce", options) as inner_call:
+        with self._leaders._collective("all_reduce", options, work) as inner_call:
             self._leaders._all_reduce_impl(inner_call, work, True, inner)
         finalize(op, work, self.world_size)
 
     @contextlib.contextmanager
-    def _collective(self, kind: str, options: CommunicationOptions | None) -> Iterator[Call]:
+    def _collective(self, kind: str, options: CommunicationOptions | None,
+                    value: Any = None) -> Iterator[Call]:
         """Number the call and start its deadline; any error inside aborts the group. The
-        group's first call sets up its hosts first (failures there are that call's)."""
-        with self._calls.call(kind, self._options if options is None else options) as call:
+        group's first call sets up its hosts first (failures there are that call's). The call
+        is a span of the timeline (:mod:`cluster.timeline`: ``value`` names its shape)."""
+        with self._calls.call(kind, self._options if options is None else options) as call, \
+                timeline.collective(call, self._name, value):
             if not self._set_up:
                 self._set_up_hosts(call.deadline)
             yield call

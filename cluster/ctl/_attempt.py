@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import exitcodes
-from cluster.ctl import policy
+from cluster.ctl import _telemetry, policy
 from cluster.ctl._output import Console
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.certs import RunTls
@@ -149,6 +149,7 @@ class Attempt:
         })
         if self._tls is not None:  # tls: in the cluster file: CLUSTER_TLS_CERT/_KEY/_CA
             env.update(self._tls.env(task.job, task.index))
+        env.update(_telemetry.task_env(self.spec, task.log_path.parent, task.name, env))
         return env
 
     def _spawn(self, task: TaskProcess) -> None:

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     render_cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
     render_cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
     certs.add_parser(sub)
+    status_cmd = sub.add_parser(
+        "status", help="print a table of a run's tasks: state, exit code, last step, steps/s",
+        description="Print the tasks of the run in RUN_DIR (default: the newest run launched): "
+                    "state, exit code, last step, steps/s; exit 2 if there is no such run.")
+    status_cmd.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                            help="a run directory (default: the newest run)")
     return parser
 
 
@@ -106,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "certs":  # FILE is optional here
         spec = _load(args.file, tls_files=False) if args.file else None
         return EXIT_USAGE if args.file and spec is None else certs.main(args, spec)
+    if args.command == "status":
+        from cluster.ctl import status  # only this command reads run directories
+
+        return status.main(args.run_dir, sys.stdout, sys.stderr)
     spec = _load(args.file)
     if spec is None:
         return EXIT_USAGE

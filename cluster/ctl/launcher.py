@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cluster import exitcodes, lifecycle
-from cluster.ctl import policy
+from cluster.ctl import _telemetry, policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
 from cluster.ctl._task_process import TaskStartError
@@ -196,6 +196,7 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     started = time.monotonic()
     restarts, port_retries, attempts = 0, PORT_RETRIES, 0
     signals = SignalPipe()
+    _telemetry.started(run_dir, console.info)  # the default of `clusterctl status`
     try:
         with signals.installed(handle_signals):
             while True:
@@ -237,6 +238,7 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                 break
     finally:
         signals.close()
+    _telemetry.finish(spec, run_dir, console.info)  # the merged timeline, if asked for
     console.info(_summary(result, spec.name), error=not result.succeeded)
     summary = {**asdict(result), "run_dir": str(run_dir), "name": spec.name}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

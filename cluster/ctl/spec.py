@@ -146,6 +146,7 @@ class ClusterFile:
     limits: Limits = Limits()
     resources: dict[str, dict[str, str]] = field(default_factory=dict)  # Kubernetes only
     tls: TlsSpec | None = None  # mutual TLS: cluster/ctl/_tls_spec.py
+    timeline: bool = False  # write RUN_DIR/timeline.json (cluster.ctl._telemetry)
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -190,7 +191,8 @@ class ClusterFile:
 
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
-             "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "tls")
+             "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "tls",
+             "timeline")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
@@ -530,6 +532,13 @@ def parse_cluster_file(text: str, path: Path, *, tls_files: bool = True) -> Clus
         values["resources"] = parse_resources(c, top["resources"])
     if "tls" in top:
         values["tls"] = parse_tls(c, top["tls"], where.base, values["jobs"] or (), tls_files)
+    if "timeline" in top:
+        if isinstance(top["timeline"].value, bool):
+            values["timeline"] = top["timeline"].value
+        else:
+            c.add(top["timeline"].line, "timeline",
+                  f"expected true or false, got {kind_of(top['timeline'].value)}",
+                  "timeline: true writes RUN_DIR/timeline.json")
     if values["jobs"] and values.get("limits", Limits()) is not None:
         _check_counts(c, top, values["jobs"], values.get("limits", Limits()))
     if values["jobs"] and values.get("host", "") is not None:

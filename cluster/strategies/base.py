@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster import _context, _nest
+from cluster import _context, _nest, timeline
 from cluster._family import is_cupy, restore_for, to_array, to_host, xp_of
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
@@ -442,7 +442,7 @@ class Strategy:
         local = self._extended._local_count
         check_component_counts(args, local, "strategy.run args")
         check_component_counts(kwargs, local, "strategy.run kwargs")
-        with self.scope():
+        with self.scope(), timeline.run_step(args):  # a step (or phase) of the timeline
             results = call_for_each_replica(self, fn, tuple(args), kwargs)
         return regroup(results)
 

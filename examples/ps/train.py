@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ import cluster
 import cluster.runtime
 from cluster.checkpoint import Checkpoint, CheckpointManager
 from cluster.coordinator import ClusterCoordinator
+from cluster.curves import Curves
 from cluster.ps import MinSizePartitioner
 
 # The quickstart's data, read by the chief and by every worker (the same path on every host).
@@ -53,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="synchronous rounds: the mean of one step per worker, applied once")
     parser.add_argument("--checkpoint-dir", type=Path,
                         help="resume from the newest checkpoint here; save one every epoch")
+    parser.add_argument("--log-dir", type=Path, default=os.environ.get("CLUSTER_RUN_DIR"),
+                        help="write the loss and accuracy curves here (TensorBoard events, "
+                             "curves.png; default: clusterctl's run directory)")
     return parser.parse_args(argv)
 
 
@@ -179,14 +184,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{num_workers} workers, {num_ps} parameter servers, batch {args.batch_size} per step, "
           f"{steps} steps per epoch", flush=True)
     print("variables: " + ", ".join(placement(v) for v in variables), flush=True)
+    curves = Curves(args.log_dir, title=f"examples/ps ({mode})")  # only the chief runs this
     started = time.monotonic()
     for epoch in range(int(epochs_done) + 1, args.epochs + 1):
         results = [coordinator.schedule(step_fn, args=(per_worker_iterator,))
                    for _ in range(steps)]
         coordinator.join()
         losses, correct, seen = zip(*(r.fetch() for r in results), strict=True)
-        print(f"epoch {epoch}/{args.epochs}  loss {np.mean(losses):.4f}  "
-              f"accuracy {sum(correct) / sum(seen):.4f}", flush=True)
+        loss, accuracy = float(np.mean(losses)), sum(correct) / sum(seen)
+        print(f"epoch {epoch}/{args.epochs}  loss {loss:.4f}  accuracy {accuracy:.4f}",
+              flush=True)
+        curves.add(epoch, loss=loss, accuracy=accuracy)
         epochs_done.assign(epoch)
         if manager:  # between steps: every scheduled step has been applied
             print(f"saved {manager.save(checkpoint_number=epoch * steps)}", flush=True)
@@ -196,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     test_accuracy = float((probs.argmax(axis=1) == y_test).mean())
     print(f"test accuracy {test_accuracy:.4f} on {len(x_test)} held-out digits "
           f"({time.monotonic() - started:.1f} s)", flush=True)
+    png = curves.close()
+    if png:
+        print(f"curves: {png} (and TensorBoard events: tensorboard --logdir {args.log_dir})",
+              flush=True)
     return 0
 
 

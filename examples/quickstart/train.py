@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 import cluster
 from cluster.checkpoint import Checkpoint, CheckpointManager, PreemptionCheckpointHandler
+from cluster.curves import Curves
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="resume from the newest checkpoint here, save checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                         help="save every STEPS steps (default: at the end of every epoch)")
+    parser.add_argument("--log-dir", type=Path, default=os.environ.get("CLUSTER_RUN_DIR"),
+                        help="the chief writes the loss and accuracy curves here (TensorBoard "
+                             "events, curves.png; default: clusterctl's run directory)")
     return parser.parse_args(argv)
 
 
@@ -195,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"training on {len(x_train)} digits with {type(strategy).__name__}, "
               f"{strategy.num_replicas_in_sync} replica(s) in sync, global batch "
               f"{args.batch_size}", flush=True)
+    curves = Curves(args.log_dir, enabled=chief, title="quickstart (MLP on digits)")
     started = time.monotonic()
     while int(epochs_done) < args.epochs:
         epoch = int(epochs_done) + 1
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = float(accuracy.result())
         if chief:
             print(f"epoch {epoch}/{args.epochs}  loss {loss:.4f}  accuracy {acc:.4f}", flush=True)
+        curves.add(epoch, loss=loss, accuracy=acc)  # the chief's only
         epochs_done.assign_add(1)
         iterator.seek(0)  # the next epoch's batches, from its first
         accuracy.reset_state()
@@ -228,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if chief:
         print(f"test accuracy {test_accuracy:.4f} on {len(x_test)} held-out digits "
               f"({time.monotonic() - started:.1f} s)", flush=True)
+        png = curves.close()
+        if png:
+            print(f"curves: {png} (and TensorBoard events: tensorboard --logdir "
+                  f"{args.log_dir})", flush=True)
         if args.save:
             tmp = args.save.with_name(args.save.name + f".tmp{os.getpid()}")
             with open(tmp, "wb") as f:

@@ -68,10 +68,11 @@ def test_successful_run(tmp_path, marker, monkeypatch) -> None:
     assert codes == {"chief:0": (0, False), "worker:0": (0, False), "worker:1": (0, False),
                      "ps:0": (0, True)}
     logs = sorted(p.name for p in result.run_dir.iterdir())
-    assert logs == ["chief-0.log", "ps-0.log", "summary.json", "worker-0.log", "worker-1.log"]
+    assert logs == ["chief-0.log", "ps-0.log", "steps", "summary.json", "worker-0.log",
+                    "worker-1.log"]  # steps/: the tasks' step records (cluster.timeline)
     assert "worker:1 done" in (result.run_dir / "worker-1.log").read_text()
     assert json.loads((result.run_dir / "summary.json").read_text())["exit_code"] == 0
-    written = out + "".join(p.read_text() for p in result.run_dir.iterdir())
+    written = out + "".join(p.read_text() for p in result.run_dir.rglob("*") if p.is_file())
     assert TOKEN not in written
 
 

@@ -1,0 +1,188 @@
+"""``clusterctl status [RUN_DIR]``: a table of a running or finished run's tasks.
+
+Where the figures come from (nothing is asked of the tasks; the run directory is enough):
+
+- the tasks: ``summary.json`` (written by clusterctl when the run ends: each task's exit code,
+  whether clusterctl stopped it, its cause); while the run goes on, the tasks' log files;
+- state: finished runs from the summary; running ones from the step records' header (the task's
+  pid: alive or not) and the task's error file (it failed);
+- last step, steps/s, samples/s, share of time in collectives: the tasks' step records
+  (``RUN_DIR/steps/*.jsonl``, :mod:`cluster.timeline`), over the last :data:`WINDOW` steps.
+
+``RUN_DIR`` defaults to the newest run clusterctl launched (:mod:`cluster.ctl._telemetry`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from cluster import exitcodes
+from cluster.ctl._telemetry import latest_run_pointer, steps_path
+from cluster.timeline import load_steps
+
+__all__ = ["RunStatus", "TaskStatus", "WINDOW", "collect", "main", "render"]
+
+WINDOW = 50
+"""Steps/s and samples/s are measured over this many of a task's latest steps."""
+
+_JOB_ORDER = ("chief", "worker", "ps", "evaluator")
+_LOG = re.compile(r"^([a-z]+)-(\d+)\.log$")
+
+
+@dataclass
+class TaskStatus:
+    """One task's row. ``state``: running, exited, failed, stopped, succeeded, unknown."""
+
+    task: str
+    state: str
+    exit_code: int | None = None
+    last_step: int | None = None
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    collective_share: float | None = None
+    last_step_age: float | None = None
+
+
+@dataclass
+class RunStatus:
+    run_dir: Path
+    name: str
+    state: str
+    elapsed: float | None
+    tasks: list[TaskStatus]
+
+
+def _order(task: str) -> tuple[int, int]:
+    job, _, index = task.partition(":")
+    rank = _JOB_ORDER.index(job) if job in _JOB_ORDER else len(_JOB_ORDER)
+    return rank, int(index) if index.isdigit() else 0
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process holds the pid: it exists
+    return True
+
+
+def _rates(task: TaskStatus, steps: list[dict[str, Any]], now: float) -> None:
+    """Fill ``task``'s step figures from its step records."""
+    if not steps:
+        return
+    window = steps[-WINDOW:]
+    task.last_step = int(window[-1]["step"])
+    task.last_step_age = max(0.0, now - (window[-1]["start"] + window[-1]["time"]))
+    if len(window) >= 2:
+        span = (window[-1]["start"] + window[-1]["time"]) - window[0]["start"]
+        if span > 0:
+            task.steps_per_s = len(window) / span
+            samples = [s.get("samples") for s in window]
+            if all(isinstance(n, int) for n in samples):
+                task.samples_per_s = sum(samples) / span
+    busy = sum(s["time"] for s in window)
+    if busy > 0:
+        task.collective_share = sum(s["collective_time"] for s in window) / busy
+
+
+def collect(run_dir: Path, now: float | None = None) -> RunStatus:
+    """The status of the run in ``run_dir`` (which must exist)."""
+    now = time.time() if now is None else now
+    summary_file = run_dir / "summary.json"
+    summary: dict[str, Any] | None = None
+    if summary_file.exists():
+        summary = json.loads(summary_file.read_text())
+    tasks: dict[str, TaskStatus] = {}
+    if summary is not None:
+        for t in summary.get("tasks", []):
+            code = t.get("exit_code")
+            state = ("stopped" if t.get("stopped") else "succeeded" if code == 0
+                     else "failed" if code is not None else "unknown")
+            tasks[t["task"]] = TaskStatus(t["task"], state, code)
+    else:
+        for path in run_dir.glob("*.log"):
+            match = _LOG.match(path.name)
+            if match:
+                name = f"{match[1]}:{match[2]}"
+                tasks[name] = TaskStatus(name, "starting")
+    for task in tasks.values():
+        path = steps_path(run_dir, task.task)
+        header, steps = load_steps(path) if path.exists() else ({}, [])
+        _rates(task, steps, now)
+        if summary is None:
+            failed = (run_dir / (task.task.replace(":", "-") + ".error.json")).exists()
+            if failed:
+                task.state = "failed"
+            elif header:
+                task.state = "running" if _alive(header.get("pid")) else "exited"
+    ordered = sorted(tasks.values(), key=lambda t: _order(t.task))
+    if summary is not None:
+        code = summary.get("exit_code")
+        state = "succeeded" if code == 0 else f"failed (exit {code})"
+        if summary.get("interrupted") is not None:
+            state = "interrupted"
+        return RunStatus(run_dir, summary.get("name", run_dir.name), state,
+                         summary.get("elapsed"), ordered)
+    return RunStatus(run_dir, run_dir.name, "running", None, ordered)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(status: RunStatus) -> str:
+    """The table, plain text (one line per task)."""
+    took = f" after {status.elapsed:.1f} s" if status.elapsed is not None else ""
+    lines = [f"run {status.name}: {status.state}{took}", f"  {status.run_dir}"]
+    header = ("TASK", "STATE", "EXIT", "STEP", "STEPS/S", "SAMPLES/S", "COLLECTIVES", "LAST STEP")
+    rows = [header]
+    for t in status.tasks:
+        rows.append((
+            t.task, t.state, "-" if t.exit_code is None
+            else str(t.exit_code) if t.exit_code == 0 else exitcodes.describe(t.exit_code),
+            "-" if t.last_step is None else str(t.last_step), _fmt(t.steps_per_s, 2),
+            _fmt(t.samples_per_s, 0),
+            "-" if t.collective_share is None else f"{100 * t.collective_share:.0f}%",
+            "-" if t.last_step_age is None else f"{t.last_step_age:.0f} s ago",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                     .rstrip())
+    if not status.tasks:
+        lines.append("  (no task has started yet)")
+    return "\n".join(lines) + "\n"
+
+
+def main(run_dir: str | None, out: TextIO, err: TextIO) -> int:
+    """``clusterctl status``: 0 with the table on ``out``; 2 with a message on ``err`` when
+    there is no such run directory (or no run to default to)."""
+    if run_dir is None:
+        pointer = latest_run_pointer()
+        try:
+            run_dir = pointer.read_text().strip()
+        except OSError:
+            err.write(f"clusterctl status: no run to show: clusterctl has not launched one here "
+                      f"({pointer} is missing); pass RUN_DIR\n")
+            return 2
+    path = Path(run_dir)
+    if not path.is_dir():
+        err.write(f"clusterctl status: {path}: no such run directory (clusterctl launch prints "
+                  "it: `logs in DIR`)\n")
+        return 2
+    try:
+        out.write(render(collect(path)))
+    except (OSError, ValueError, KeyError) as e:
+        err.write(f"clusterctl status: {path}: cannot read the run's records: {e}\n")
+        return 2
+    return 0
