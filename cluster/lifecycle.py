@@ -34,6 +34,7 @@ __all__ = [
     "read_error_file",
     "setup_logging",
     "start_runtime",
+    "termination_behind",
     "watch_launcher",
     "write_error_file",
 ]
@@ -52,6 +53,23 @@ class Terminated(BaseException):
         super().__init__(f"received {signal.Signals(signum).name}")
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+def termination_behind(error: BaseException) -> Terminated | None:
+    """The :class:`Terminated` that ``error`` was raised while handling, if any.
+
+    A signal handler raises wherever the main thread happens to be. Landing inside
+    ``threading.Condition.wait`` (between giving the lock back and taking it again), it makes
+    the ``with`` block's exit raise ``RuntimeError: cannot release un-acquired lock`` with the
+    ``Terminated`` as its context: still a termination, not the script's own failure.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Terminated):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def install_termination_handlers(signums: tuple[int, ...] = (signal.SIGTERM,)) -> None:

@@ -251,6 +251,10 @@ def _run_script(rt: runtime.TaskRuntime, command: Command) -> int:
         return 128 + signal.SIGINT
     except BaseException as e:  # the script's uncaught exception: report, then exit non-zero
         interrupt.disarm()
+        terminated = lifecycle.termination_behind(e)
+        if terminated is not None:  # the signal broke a lock on its way: still a termination
+            print(f"{rt.task}: {terminated}: stopped", file=sys.stderr, flush=True)
+            return terminated.exit_code
         traceback.print_exc()
         code = exitcodes.EXIT_FAILURE
         if _is_secondary(rt, e):

@@ -162,3 +162,13 @@ def test_sigterm_during_shutdown_keeps_the_exit_code_and_prints_no_traceback(sta
     assert "signalled during shutdown" in out
     assert code == 3, out
     assert "Traceback" not in out, out
+
+
+def test_an_error_raised_while_unwinding_a_sigterm_still_exits_143(start) -> None:
+    # A SIGTERM landing inside Condition.wait breaks its lock: the `with` exit raises
+    # RuntimeError with the Terminated as context. That is a termination, not a script failure.
+    proc = start(["-m", "worker", str(SCRIPTS / "behave.py"), "lock-broken-by-sigterm"],
+                 one_worker())
+    code, out = proc.finish()
+    assert code == 128 + signal.SIGTERM, out
+    assert "received SIGTERM: stopped" in out, out

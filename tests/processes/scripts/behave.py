@@ -1,6 +1,6 @@
 """Test task for `python -m worker`: prints what it sees, then does what argv says.
 
-argv: ACTION [ARG]: exit CODE | raise | raise-when-told FIFO | wait
+argv: ACTION [ARG]: exit CODE | raise | raise-when-told FIFO | wait | lock-broken-by-sigterm
 """
 
 import sys
@@ -15,6 +15,15 @@ if action == "raise-when-told":  # blocks until the test opens the FIFO argv[2] 
     action = "raise"
 if action == "raise":
     raise ValueError("boom from the script")
+if action == "lock-broken-by-sigterm":  # what a SIGTERM inside Condition.wait can leave
+    import signal
+
+    from cluster.lifecycle import Terminated
+
+    try:
+        raise Terminated(signal.SIGTERM)
+    except BaseException:
+        raise RuntimeError("cannot release un-acquired lock")  # noqa: B904 (the context is the point)
 if action == "wait":
     try:
         print("ready", flush=True)
