@@ -105,11 +105,12 @@ def test_issued_from_another_thread_then_waited_on_by_the_caller() -> None:
 
 
 def test_close_ends_the_stream_thread_and_the_group_stays_usable() -> None:
-    hub, groups = make_groups(1)
+    hub, groups = make_groups(1, name="closing")
     g = groups[0]
     assert g.all_reduce_async(np.ones(1)).wait(timeout=10).tolist() == [1.0]
+    assert [t for t in threading.enumerate() if t.name.startswith("collectives-closing")]
     g.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("collectives-default")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("collectives-closing")]
     assert g.all_reduce_async(np.ones(1)).wait(timeout=10).tolist() == [1.0]
     g.close()
 
