@@ -74,17 +74,20 @@ class CollectiveGroup:
 
     Contract:
 
-    - Every rank makes the same calls in the same order (one thread at a time); the n-th call is
-      collective ``#n`` of the group on every rank. Ranks that disagree on the kind, op, dtype,
+    - Every rank makes the same calls in the same order; the n-th call issued is collective
+      ``#n`` of the group on every rank. Calls run one at a time in issue order in the group's
+      stream (:mod:`~cluster.collectives.work`), synchronous ones included, so any thread may
+      issue (``*_async`` return a :class:`~cluster.collectives.work.Work`). Ranks that disagree on the kind, op, dtype,
       shape, root or options get :class:`~cluster.errors.CollectiveMismatchError` (the rank
       that noticed) or :class:`~cluster.errors.CollectiveAbortedError` (the others).
     - Every rank gets bitwise-identical results, in the input's array family, dtype and shape.
       Inputs are never modified.
     - Each call has the deadline ``options.timeout_seconds``
       (:class:`~cluster.errors.CollectiveTimeoutError`). A dead peer raises
-      :class:`~cluster.errors.PeerUnavailableError` naming it. Any error (these, or a local one
-      such as an unsupported dtype) aborts the group on every rank; the transport then stays
-      failed and later calls raise at once.
+      :class:`~cluster.errors.PeerUnavailableError` naming it. Any error inside a collective
+      aborts the group on every rank; the transport then stays failed and later calls raise at
+      once. Input is validated before the collective starts (:mod:`~cluster.collectives._jobs`):
+      an input every rank rejects raises ``TypeError``/``ValueError`` there and keeps the group.
     - Path (:func:`~cluster.collectives.route.choose_route`). Ranks that share a host
       (:mod:`~cluster.collectives.topology`, set up by the group's first collective) talk
       through shared memory (:mod:`~cluster.collectives.shared_memory`). A group on one host
