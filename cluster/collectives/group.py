@@ -77,9 +77,10 @@ class CollectiveGroup:
     - Every rank makes the same calls in the same order; the n-th call issued is collective
       ``#n`` of the group on every rank. Calls run one at a time in issue order in the group's
       stream (:mod:`~cluster.collectives.work`), synchronous ones included, so any thread may
-      issue (``*_async`` return a :class:`~cluster.collectives.work.Work`). Ranks that disagree on the kind, op, dtype,
-      shape, root or options get :class:`~cluster.errors.CollectiveMismatchError` (the rank
-      that noticed) or :class:`~cluster.errors.CollectiveAbortedError` (the others).
+      issue (``*_async`` return a :class:`~cluster.collectives.work.Work`). Ranks that
+      disagree on the kind, op, dtype, shape, root or options get
+      :class:`~cluster.errors.CollectiveMismatchError` (the rank that noticed) or
+      :class:`~cluster.errors.CollectiveAbortedError` (the others).
     - Every rank gets bitwise-identical results, in the input's array family, dtype and shape.
       Inputs are never modified.
     - Each call has the deadline ``options.timeout_seconds``
