@@ -84,3 +84,22 @@ def test_multi_worker_accessors_and_its_group_across_processes() -> None:
     for r in results:
         assert (r["workers"], r["local"], r["replicas"]) == (3, 2, 6)
         assert r["work"] == [6.0, 6.0, 6.0] and r["total"] == 6.0
+
+
+@pytest.mark.parametrize("coordinator", [True, False])
+def test_parameter_server_coordinator_is_chief_and_workers_are_not(coordinator: bool) -> None:
+    """Built without a cluster (no connection is made by the constructor): the coordinator is the
+    chief; a worker running closures under the same strategy is not; no collective group."""
+    from cluster.strategies.parameter_server import (
+        ParameterServerExtended,
+        ParameterServerStrategy,
+        StrategyConfig,
+    )
+
+    config = StrategyConfig("uid", (("ps:0", "127.0.0.1:1"),), (("worker:0", "127.0.0.1:2"),),
+                            synchronous=False)
+    container = ParameterServerStrategy.__new__(ParameterServerStrategy)
+    ext = ParameterServerExtended(container, config, connections=None, partitioner=None,
+                                  coordinator=coordinator)
+    assert ext.is_chief is coordinator and ext.should_checkpoint is coordinator
+    assert ext.collective_group is None
