@@ -102,7 +102,7 @@ def to_array(value: Any, what: str = "") -> tuple[Any, Callable[[Any], Any]]:
     ):
         return asarray_like_tf(value), _scalar if not isinstance(value, (list, tuple)) \
             else _identity
-    if hasattr(value, "__dlpack__"):
+    if hasattr(value, "__dlpack__") or _is_jax(value):
         return _from_dlpack(value)
     raise TypeError(
         f"{what + ' ' if what else ''}got a value of type {type(value).__module__}."
@@ -116,37 +116,96 @@ def _from_dlpack(value: Any) -> tuple[Any, Callable[[Any], Any]]:
     device_type = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else 1
     cupy = _cupy()
     try:
-        if device_type == 1:  # kDLCPU
-            array = np.from_dlpack(value)
-        elif cupy is not None:
+        if device_type != 1:  # not kDLCPU
+            if cupy is None:
+                raise TypeError("a GPU array needs CuPy installed to be used here")
             array = cupy.from_dlpack(value)
+        elif _is_jax(value):
+            # NumPy reads a JAX CPU array without DLPack, bfloat16 included (JAX brings
+            # ml_dtypes), and without a copy where JAX allows.
+            array = np.asarray(value)
+        elif _is_bfloat16_tensor(value):
+            # DLPack cannot carry bfloat16 into NumPy: view the bits as int16, then as
+            # ml_dtypes' bfloat16 (no copy).
+            array = np.from_dlpack(value.view(sys.modules["torch"].int16)).view(_bfloat16())
         else:
-            raise TypeError("a GPU array needs CuPy installed to be used here")
+            array = np.from_dlpack(value)
     except (BufferError, RuntimeError) as e:
-        raise TypeError(
-            f"cannot view {type(value).__qualname__} through DLPack ({e}); pass a plain array "
-            "(e.g. tensor.detach() for a torch tensor that requires grad)"
-        ) from e
+        raise TypeError(_dlpack_hint(value, e)) from e
     return array, restore_for(value)
 
 
+def _dlpack_hint(value: Any, error: BaseException) -> str:
+    """Why ``value`` cannot be viewed, and what to do: the advice depends on the cause."""
+    name = type(value).__qualname__
+    if getattr(value, "requires_grad", False):
+        return (f"cannot view a {name} that requires grad ({error}); pass tensor.detach() "
+                "(or p.grad for a parameter's gradient)")
+    dtype = getattr(value, "dtype", "?")
+    return (f"cannot view a {name} of dtype {dtype} as an array ({error}); the collectives "
+            "take float16, float32, float64, int32, int64 and bfloat16 (bfloat16 needs the "
+            "ml_dtypes package). Cast it first, e.g. tensor.float()")
+
+
+def _is_jax(value: Any) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.Array)
+
+
+def _is_bfloat16_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16
+
+
+def _bfloat16() -> Any:
+    try:
+        import ml_dtypes  # optional: bfloat16 exists for NumPy only through it
+    except ImportError as e:
+        raise TypeError(
+            "a bfloat16 tensor needs the ml_dtypes package (pip install ml_dtypes, or the "
+            "'torch' extra) to be reduced; or cast it first, e.g. tensor.float()"
+        ) from e
+    return ml_dtypes.bfloat16
+
+
 def restore_for(value: Any) -> Callable[[Any], Any]:
-    """The way from a NumPy/CuPy result back into ``value``'s family (``pkg.from_dlpack``)."""
+    """The way from a NumPy/CuPy result back into ``value``'s family.
+
+    Same shape (0-d stays 0-d) and dtype. JAX arrays come back as JAX arrays
+    (``jax.numpy.asarray``), torch tensors as torch tensors (``torch.from_dlpack``, bfloat16
+    through an int16 view), other DLPack exporters through their package's ``from_dlpack``.
+    """
     if isinstance(value, np.ndarray) or is_cupy(value):
         return _identity
     if isinstance(value, (np.generic, int, float, bool)):
         return _scalar
+    if _is_jax(value):
+        return sys.modules["jax"].numpy.asarray
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _to_torch
     package = sys.modules.get(type(value).__module__.split(".")[0])
     from_dlpack = getattr(package, "from_dlpack", None)
     if from_dlpack is None or not hasattr(value, "__dlpack__"):
         return _identity
 
     def restore(result: Any) -> Any:
-        # np.ascontiguousarray: 0-d and strided results export cleanly everywhere.
-        xp = xp_of(result)
-        return from_dlpack(xp.ascontiguousarray(result))
+        return from_dlpack(_c_contiguous(result))
 
     return restore
+
+
+def _c_contiguous(result: Any) -> Any:
+    # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+    return result if result.flags.c_contiguous else xp_of(result).ascontiguousarray(result)
+
+
+def _to_torch(result: Any) -> Any:
+    torch = sys.modules["torch"]
+    result = _c_contiguous(result)
+    if result.dtype.name == "bfloat16":
+        return torch.from_dlpack(result.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(result)
 
 
 def to_host(array: Any) -> np.ndarray:

@@ -25,7 +25,7 @@ from cluster.transport.auth import resolve_token
 from cluster.transport.server import ServiceHandlers
 from resolver import ClusterResolver, TFConfigClusterResolver
 
-__all__ = ["TaskRuntime", "current", "start"]
+__all__ = ["TaskRuntime", "chief_rule", "current", "is_chief", "start"]
 
 _module_lock = threading.Lock()
 _current: TaskRuntime | None = None
@@ -35,6 +35,39 @@ _atexit_registered = False
 def current() -> TaskRuntime | None:
     """The runtime :func:`start` started in this process, if any (and not shut down)."""
     return _current
+
+
+def chief_rule(cluster_spec: dict, task_type: str | None, task_id: int | None) -> bool:
+    """TensorFlow's ``multi_worker_util.is_chief``: the chief (and an evaluator, its own
+    chief) is; a cluster without a chief makes worker 0 the chief; no cluster at all, the
+    process is its own chief.
+
+    >>> chief_rule({"chief": ["c:1"], "worker": ["w:1"]}, "worker", 0)
+    False
+    >>> chief_rule({"worker": ["w:1", "w:2"]}, "worker", 0)
+    True
+    """
+    if not cluster_spec or task_type in (None, "chief", "evaluator"):
+        return True
+    return "chief" not in cluster_spec and task_type == "worker" and task_id == 0
+
+
+def is_chief(resolver: ClusterResolver | None = None) -> bool:
+    """Whether this process is the cluster's chief (:func:`chief_rule`): the task this
+    process's runtime runs when one is started, else ``resolver``'s (default: ``TF_CONFIG``'s).
+
+    Cheap and local: reads the cluster spec, talks to nobody. Inside a strategy,
+    ``strategy.extended.is_chief`` / ``should_checkpoint`` say the same.
+    """
+    rt = _current
+    if rt is not None:
+        spec, task_type, task_id = (rt.placement.cluster_spec.as_dict(),
+                                    rt.placement.task_type, rt.placement.task_id)
+    else:
+        resolver = resolver if resolver is not None else TFConfigClusterResolver()
+        spec = resolver.cluster_spec().as_dict()
+        task_type, task_id = resolver.task_type, resolver.task_id
+    return chief_rule(spec, task_type, task_id)
 
 
 def start(resolver: ClusterResolver | None = None, *,

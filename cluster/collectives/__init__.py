@@ -16,7 +16,9 @@ Where things live:
 - ``hierarchy``: the shared-memory and hierarchical collectives; ``shared_memory`` their
   algorithms, over the ``arena`` in a ``shm_segment``, found by ``topology``;
 - ``host_nccl`` (over ``nccl``): NCCL among a host's GPUs;
-- ``ops``, ``options``: reduction operators and the frozen options.
+- ``ops``, ``options``: reduction operators and the frozen options;
+- ``work``: :class:`Work`, the handle of an asynchronous call, and the group's stream that runs
+  its calls one at a time in issue order; ``_jobs``: validation before any byte moves.
 
 >>> from cluster.transport.inproc import InProcessHub
 >>> hub = InProcessHub(1)
@@ -33,6 +35,7 @@ from cluster.collectives.group import (
 )
 from cluster.collectives.ops import SUPPORTED_DTYPES, ReduceOp
 from cluster.collectives.options import CommunicationImplementation, CommunicationOptions
+from cluster.collectives.work import Work
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -42,4 +45,5 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "ReduceOp",
+    "Work",
 ]

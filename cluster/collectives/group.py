@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from cluster import timeline
-from cluster._family import is_cupy, stage, to_array
-from cluster.collectives import _packing
+from cluster._family import Staged, is_cupy, stage, to_array
+from cluster.collectives import _jobs, _packing
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
+from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
 from cluster.collectives.arena import ArenaLayout
 from cluster.collectives.hierarchy import HostCollectives
 from cluster.collectives.network import NetworkCollectives
@@ -34,6 +36,7 @@ from cluster.collectives.route import Route, choose_route, hier_config, shm_conf
 from cluster.collectives.schedule import segments
 from cluster.collectives.shared_memory import SharedMemoryCollectives
 from cluster.collectives.topology import Topology, discover
+from cluster.collectives.work import CollectiveStream, Work
 from cluster.deadline import Deadline
 from cluster.transport.api import Transport
 from cluster.transport.subset import SubsetTransport
@@ -73,17 +76,21 @@ class CollectiveGroup:
 
     Contract:
 
-    - Every rank makes the same calls in the same order (one thread at a time); the n-th call is
-      collective ``#n`` of the group on every rank. Ranks that disagree on the kind, op, dtype,
-      shape, root or options get :class:`~cluster.errors.CollectiveMismatchError` (the rank
-      that noticed) or :class:`~cluster.errors.CollectiveAbortedError` (the others).
+    - Every rank makes the same calls in the same order; the n-th call issued is collective
+      ``#n`` of the group on every rank. Calls run one at a time in issue order in the group's
+      stream (:mod:`~cluster.collectives.work`), synchronous ones included, so any thread may
+      issue (``*_async`` return a :class:`~cluster.collectives.work.Work`). Ranks that
+      disagree on the kind, op, dtype, shape, root or options get
+      :class:`~cluster.errors.CollectiveMismatchError` (the rank that noticed) or
+      :class:`~cluster.errors.CollectiveAbortedError` (the others).
     - Every rank gets bitwise-identical results, in the input's array family, dtype and shape.
       Inputs are never modified.
     - Each call has the deadline ``options.timeout_seconds``
       (:class:`~cluster.errors.CollectiveTimeoutError`). A dead peer raises
-      :class:`~cluster.errors.PeerUnavailableError` naming it. Any error (these, or a local one
-      such as an unsupported dtype) aborts the group on every rank; the transport then stays
-      failed and later calls raise at once.
+      :class:`~cluster.errors.PeerUnavailableError` naming it. Any error inside a collective
+      aborts the group on every rank; the transport then stays failed and later calls raise at
+      once. Input is validated before the collective starts (:mod:`~cluster.collectives._jobs`):
+      an input every rank rejects raises ``TypeError``/``ValueError`` there and keeps the group.
     - Path (:func:`~cluster.collectives.route.choose_route`). Ranks that share a host
       (:mod:`~cluster.collectives.topology`, set up by the group's first collective) talk
       through shared memory (:mod:`~cluster.collectives.shared_memory`). A group on one host
@@ -140,6 +147,7 @@ class CollectiveGroup:
         self._chunk = chunk_bytes
         self._settings = settings
         self._calls = CallCounter(transport, name)
+        self._stream = CollectiveStream(name)
         self._buffers = BufferPool()
         self._network = NetworkCollectives(
             transport, name, settings=settings, small_message_bytes=small_message_bytes,
@@ -199,14 +207,25 @@ class CollectiveGroup:
 
         ``MEAN`` of integers truncates toward zero, as TensorFlow's collectives do.
         """
-        with self._collective("all_reduce", options, value) as call:
-            op = ReduceOp.parse(op)
-            route = self._device_route(call) if is_cupy(value) else None
-            if route is not None:
-                return self._host_path().device_all_reduce(call, route, value, op)
-            staged = stage(value, "all_reduce")
-            check_reducible(staged.array.dtype, "all_reduce")
-            return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
+        return self._stream.run(self._all_reduce_job(value, op, options))
+
+    def all_reduce_async(
+        self,
+        value: Any,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        options: CommunicationOptions | None = None,
+    ) -> Work:
+        """:meth:`all_reduce`, started in the group's stream; ``wait()`` on the :class:`Work`
+        returns its result. Do not modify ``value`` until the work is done.
+
+        >>> from cluster.transport.inproc import InProcessHub
+        >>> group = CollectiveGroup(InProcessHub(1).transports[0])
+        >>> work = group.all_reduce_async(np.ones(2, np.float32))
+        >>> work.wait()
+        array([1., 1.], dtype=float32)
+        """
+        return self._submit("all_reduce", self._all_reduce_job(value, op, options))
 
     def all_reduce_many(
         self,
@@ -225,30 +244,18 @@ class CollectiveGroup:
         device route where ``all_reduce`` would (NCCL among the host's GPUs), else the host path.
         Results are the caller's: no later call writes them.
         """
-        with self._collective("all_reduce_many", options, values) as call:
-            op = ReduceOp.parse(op)
-            if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-                raise TypeError(f"all_reduce_many takes a list of values, got {values!r}")
-            route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
-            # CuPy values stay on their GPU where NCCL may carry them (the device route).
-            on_device = route is not Route.NETWORK and self._shm is not None
-            arrays: list[Any] = []
-            owned: list[bool] = []
-            restores: list[Callable[[Any], Any]] = []
-            for value in values:
-                if on_device and is_cupy(value):
-                    array, restore = to_array(value, "all_reduce_many")
-                    arrays.append(array)
-                    owned.append(False)
-                    restores.append(restore)
-                else:
-                    staged = stage(value, "all_reduce_many")
-                    arrays.append(staged.array)
-                    owned.append(staged.owned)
-                    restores.append(staged.restore)
-                check_reducible(arrays[-1].dtype, "all_reduce_many")
-            results = self._all_reduce_many_impl(call, route, arrays, owned, op)
-            return [restore(r) for restore, r in zip(restores, results, strict=True)]
+        return self._stream.run(self._all_reduce_many_job(values, op, options))
+
+    def all_reduce_many_async(
+        self,
+        values: Sequence[Any],
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        options: CommunicationOptions | None = None,
+    ) -> Work:
+        """:meth:`all_reduce_many`, started in the group's stream; ``wait()`` returns the list of
+        results. Do not modify the values until the work is done."""
+        return self._submit("all_reduce_many", self._all_reduce_many_job(values, op, options))
 
     def all_gather(
         self, value: Any, axis: int = 0, *, options: CommunicationOptions | None = None
@@ -258,7 +265,7 @@ class CollectiveGroup:
         As in tf.distribute, ``value`` must have rank >= 1 and the same shape on every rank
         except along ``axis``, where sizes may differ. Any dtype without Python objects.
         """
-        with self._collective("all_gather", options, value) as call:
+        def prepare() -> Prepared:
             staged = stage(value, "all_gather")
             array = staged.array
             _check_plain_dtype(array.dtype, "all_gather")
@@ -273,7 +280,10 @@ class CollectiveGroup:
                 raise ValueError(
                     f"all_gather axis {axis} is out of range for a value of rank {array.ndim}"
                 )
-            return staged.restore(self._all_gather_impl(call, array, int(axis) % array.ndim))
+            return (lambda call: self._all_gather_impl(call, array, int(axis) % array.ndim),
+                    staged.restore)
+
+        return self._stream.run(self._job("all_gather", options, prepare, value))
 
     def broadcast(
         self, value: Any, root: int = 0, *, options: CommunicationOptions | None = None
@@ -282,7 +292,7 @@ class CollectiveGroup:
 
         The root can return before slower ranks have received everything.
         """
-        with self._collective("broadcast", options, value) as call:
+        def prepare() -> Prepared:
             if isinstance(root, bool) or not isinstance(root, int | np.integer):
                 raise TypeError(f"broadcast root must be an int rank, got {root!r}")
             if not 0 <= root < self.world_size:
@@ -291,7 +301,10 @@ class CollectiveGroup:
                 )
             staged = stage(value, "broadcast")
             _check_plain_dtype(staged.array.dtype, "broadcast")
-            return staged.restore(self._broadcast_impl(call, staged.array, int(root)))
+            return (lambda call: self._broadcast_impl(call, staged.array, int(root)),
+                    staged.restore)
+
+        return self._stream.run(self._job("broadcast", options, prepare, value))
 
     def reduce_scatter(
         self,
@@ -305,18 +318,100 @@ class CollectiveGroup:
         Axis 0 splits like ``np.array_split(result, world_size)``: the first ``n % world_size``
         segments have one row more, trailing ones may be empty.
         """
-        with self._collective("reduce_scatter", options, value) as call:
-            op = ReduceOp.parse(op)
+        def prepare() -> Prepared:
+            parsed = ReduceOp.parse(op)
             staged = stage(value, "reduce_scatter")
             check_reducible(staged.array.dtype, "reduce_scatter")
             if staged.array.ndim == 0:
                 raise ValueError("reduce_scatter needs a value of rank >= 1 to split along axis 0")
-            return staged.restore(self._reduce_scatter_impl(call, staged.array, op))
+            return (lambda call: self._reduce_scatter_impl(call, staged.array, parsed),
+                    staged.restore)
+
+        return self._stream.run(self._job("reduce_scatter", options, prepare, value))
 
     def barrier(self, *, options: CommunicationOptions | None = None) -> None:
         """Return once every rank has entered this barrier."""
-        with self._collective("barrier", options) as call:
-            self._barrier_impl(call)
+        self._stream.run(self._job("barrier", options, lambda: (self._barrier_impl, identity)))
+
+    def close(self) -> None:
+        """End the group's stream thread once its queued collectives finished (each bounded by
+        its deadline). The group stays usable; a later asynchronous call starts a new thread."""
+        self._stream.close()
+
+    # -- jobs: validate on the caller's thread, run in the stream ----------------------------
+
+    def _all_reduce_job(
+        self, value: Any, op: ReduceOp | str, options: CommunicationOptions | None
+    ) -> Callable[[], Any]:
+        def prepare() -> Prepared:
+            parsed = ReduceOp.parse(op)
+            if is_cupy(value):
+                check_reducible(value.dtype, "all_reduce")
+                return (lambda call: self._cupy_all_reduce(call, value, parsed)), identity
+            staged = stage(value, "all_reduce")
+            check_reducible(staged.array.dtype, "all_reduce")
+            return (lambda call: self._all_reduce_impl(call, staged.array, staged.owned, parsed),
+                    staged.restore)
+
+        return self._job("all_reduce", options, prepare, value)
+
+    def _cupy_all_reduce(self, call: Call, value: Any, op: ReduceOp) -> Any:
+        route = self._device_route(call)
+        if route is not None:
+            return self._host_path().device_all_reduce(call, route, value, op)
+        staged = stage(value, "all_reduce")
+        return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
+
+    def _all_reduce_many_job(
+        self, values: Sequence[Any], op: ReduceOp | str, options: CommunicationOptions | None
+    ) -> Callable[[], Any]:
+        def prepare() -> Prepared:
+            parsed = ReduceOp.parse(op)
+            if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+                raise TypeError(f"all_reduce_many takes a list of values, got {values!r:.80}")
+            items = []
+            for value in values:
+                if is_cupy(value) or on_gpu(value):
+                    array, restore = to_array(value, "all_reduce_many")  # staged when it runs
+                    items.append(Staged(array, False, restore))
+                else:
+                    items.append(stage(value, "all_reduce_many"))
+                check_reducible(items[-1].array.dtype, "all_reduce_many")
+            return (lambda call: self._all_reduce_many_run(call, items, parsed)), restore_each
+
+        return self._job("all_reduce_many", options, prepare, values)
+
+    def _all_reduce_many_run(self, call: Call, items: list[Staged], op: ReduceOp) -> list[Any]:
+        route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
+        # CuPy values stay on their GPU where NCCL may carry them (the device route).
+        on_device = route is not Route.NETWORK and self._shm is not None
+        arrays, owned, restores = [], [], []
+        for item in items:
+            if is_cupy(item.array) and not on_device:
+                host = stage(item.array, "all_reduce_many")
+                item = Staged(host.array, True, then(host.restore, item.restore))
+            arrays.append(item.array)
+            owned.append(item.owned)
+            restores.append(item.restore)
+        return list(zip(restores, self._all_reduce_many_impl(call, route, arrays, owned, op),
+                        strict=True))
+
+    def _job(self, kind: str, options: CommunicationOptions | None, prepare: Prepare,
+             value: Any = None) -> Callable[[], Any]:
+        """Validate now, run later: see :func:`~cluster.collectives._jobs.job`. ``value`` names
+        the call's shape on the timeline."""
+        return _jobs.job(kind, options, prepare,
+                         collective=functools.partial(self._collective, value=value),
+                         reject=self._reject)
+
+    def _reject(self, kind: str, options: Any, error: Exception) -> Any:
+        """Raise ``error``, keeping the group: see :func:`~cluster.collectives._jobs.reject`."""
+        _jobs.reject(kind, options, error, world_size=self.world_size,
+                     collective=self._collective, barrier=self._barrier_impl)
+
+    def _submit(self, kind: str, job: Callable[[], Any]) -> Work:
+        me = self._transport.peers[self.rank]
+        return self._stream.submit(job, f"{kind} of group {self._name!r} on {me}")
 
     # -- implementations: route, then the network or the host path -----------------------------
 
@@ -378,13 +473,13 @@ class CollectiveGroup:
         a, b = rows[self.rank]
         return work[lo:hi].reshape((b - a, *rest)).copy()
 
-    def _barrier_impl(self, call: Call) -> None:
+    def _barrier_impl(self, call: Call, signature: str | None = None) -> None:
         if self.world_size == 1:
             return
         if self._route(call, "barrier") is Route.LOCAL:
-            self._host_path().barrier(call)
+            self._host_path().barrier(call, signature or "barrier shm")
         else:
-            self._network.barrier(call)
+            self._network.barrier(call, signature or "barrier")
 
     # -- set-up, routes and the leaders ----------------------------------------------------------
 

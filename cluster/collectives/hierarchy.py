@@ -208,7 +208,7 @@ class HostCollectives:
                                 work, bounds, op, self._world_size, call.deadline)
         return work
 
-    def barrier(self, call: Call) -> None:
-        """Return once every rank has entered this barrier."""
+    def barrier(self, call: Call, signature: str = "barrier shm") -> None:
+        """Return once every rank has entered this barrier (signed ``signature``)."""
         assert self.shm is not None
-        self.shm.barrier(call.seq, "barrier shm", call.deadline)
+        self.shm.barrier(call.seq, signature, call.deadline)

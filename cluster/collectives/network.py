@@ -223,9 +223,9 @@ class NetworkCollectives:
         ex.end()
         return work
 
-    def barrier(self, call: Call) -> None:
-        """Return once every rank has entered this barrier."""
-        ex = self.exchange(call, "barrier")
+    def barrier(self, call: Call, signature: str = "barrier") -> None:
+        """Return once every rank has entered this barrier (signed ``signature``)."""
+        ex = self.exchange(call, signature)
         doubling.all_reduce(ex, np.empty(0, np.uint8), None)
         ex.end()
 

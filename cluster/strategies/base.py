@@ -19,6 +19,7 @@ from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import CrossDeviceOps, finish_mean
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
+from cluster.strategies._accessors import WorkerInfo, shared_tensor_error
 from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
 from cluster.strategies._variables import (
@@ -59,8 +60,9 @@ class ValueContext:
                 f"num_replicas_in_sync={self.num_replicas_in_sync})")
 
 
-class StrategyExtended:
-    """The device-level half of a strategy (``strategy.extended``)."""
+class StrategyExtended(WorkerInfo):
+    """The device-level half of a strategy (``strategy.extended``); who this process is in it
+    (``worker_index``, ``num_workers``, ``is_chief``, ...): :class:`WorkerInfo`."""
 
     def __init__(
         self,
@@ -130,6 +132,8 @@ class StrategyExtended:
             values = [value._read()]
         else:
             if self._local_count != 1:
+                if _is_shared_tensor(value):
+                    raise shared_tensor_error(f"reduce {what}", value, self._local_count)
                 raise ValueError(
                     f"A non-DistributedValues value {value!r:.60} cannot be reduced with "
                     f"{what} over {self._local_count} local replicas; pass the PerReplica value "
@@ -161,6 +165,9 @@ class StrategyExtended:
             return value
         # A plain leaf (1.5, a NumPy array) is each replica's own value, as in TF, where it
         # becomes one tensor per replica: SUM over 2 replicas of 1.5 is 3.0.
+        for leaf in leaves:
+            if self._local_count > 1 and _is_shared_tensor(leaf):
+                raise shared_tensor_error("all_reduce", leaf, self._local_count)
         comps = [self._components_any(leaf, f"all_reduce {op.value}") for leaf in leaves]
         reduced = self._cross_device_ops.batch_reduce_components(
             op, comps, self._num_replicas_in_sync, _options(options, self._options))
@@ -340,6 +347,13 @@ def _plain_variable(array: Any, name: str) -> Variable:
 
 def _is_plain(value: Any) -> bool:
     return not isinstance(value, (DistributedValues, Variable))
+
+
+def _is_shared_tensor(value: Any) -> bool:
+    """A framework tensor (not NumPy, not a Python number) that every replica thread passed as
+    the very same object: what one model shared by the replicas produces."""
+    return hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray | np.generic) \
+        and not isinstance(value, DistributedValues | Variable)
 
 
 def _first(leaf: Any) -> Any:

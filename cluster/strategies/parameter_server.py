@@ -72,6 +72,16 @@ class ParameterServerExtended(StrategyExtended):
         self._names: set[str] = set()
 
     @property
+    def is_chief(self) -> bool:
+        """The coordinator (the chief) is; a worker running closures is not."""
+        return self._is_coordinator
+
+    @property
+    def collective_group(self) -> None:
+        """None: parameter-server training has no collectives among the workers."""
+        return None
+
+    @property
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(f"/job:ps/replica:0/task:{i}/device:CPU:0"
                      for i in range(len(self._config.ps_tasks)))

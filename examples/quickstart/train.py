@@ -133,15 +133,6 @@ class TrainingSet:
         return float(min(self.batch_size, len(self.x) - step * self.batch_size))
 
 
-def is_chief(strategy) -> bool:
-    resolver = strategy.cluster_resolver
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return True
-    if resolver.task_type == "chief":
-        return True
-    return "chief" not in resolver.cluster_spec().jobs and resolver.task_id == 0
-
-
 def save(manager: CheckpointManager, step: int, chief: bool) -> None:
     path = manager.save(checkpoint_number=step)  # every task calls it; the chief writes
     if chief:
@@ -153,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     data = np.load(HERE / "digits.npz")
     x_train, y_train, x_test, y_test = (data[k] for k in ("x_train", "y_train", "x_test", "y_test"))
     strategy = make_strategy(args.strategy, args.replicas)
-    chief = is_chief(strategy)
+    chief = strategy.extended.is_chief  # the chief, else worker 0 (TensorFlow's rule)
     sizes = [x_train.shape[1], args.hidden, 10]
 
     with strategy.scope():

@@ -167,15 +167,18 @@ def test_ranks_on_different_paths_are_a_mismatch() -> None:
     assert all(isinstance(o, ClusterError) for o in outcomes), outcomes
 
 
-def test_a_local_error_aborts_the_group_on_every_rank() -> None:
+def test_an_input_rejected_on_one_rank_fails_every_rank_at_once() -> None:
+    """Only worker:1's input is bad: it raises its TypeError, the others fail at once (no
+    deadline) with an error naming worker:1 and the error type (tests/collectives/
+    test_rejected_input.py: when every rank rejects, the group survives)."""
     hub, groups = make_groups(3)
     inputs = [np.ones(4, np.float32), np.ones(4, np.int8), np.ones(4, np.float32)]
     outcomes = run_ranks(lambda r: groups[r].all_reduce(inputs[r]), 3, return_exceptions=True)
     assert isinstance(outcomes[1], TypeError)
     assert "int8" in str(outcomes[1]) and "float32" in str(outcomes[1])
     for o in (outcomes[0], outcomes[2]):
-        assert isinstance(o, CollectiveAbortedError), o
-        assert o.task == "worker:1" and "TypeError" in str(o)
+        assert isinstance(o, CollectiveAbortedError | CollectiveMismatchError), o
+        assert "worker:1" in str(o) and "rejected all_reduce: TypeError" in str(o)
 
 
 class _Watched(Transport):

@@ -202,10 +202,12 @@ def test_an_aborted_communicator_is_reported_by_ready(fake: FakeCuda) -> None:
 
 @pytest.mark.parametrize("hosts", [[0, 0, 0], [0, 0, 1, 1]], ids=["one host", "two hosts"])
 @pytest.mark.parametrize("op", ["SUM", "MEAN"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_group_all_reduce_of_gpu_arrays_runs_nccl_inside_the_host(
-        fake: FakeCuda, hosts: list[int], op: str) -> None:
+        fake: FakeCuda, hosts: list[int], op: str, mode: str) -> None:
     """CuPy in, CuPy out on the caller's GPU; NCCL among the host's GPUs; across hosts only the
-    leaders' copies touch host memory."""
+    leaders' copies touch host memory. The same through ``all_reduce_async`` (the group's
+    stream thread runs it)."""
     from cluster.transport.inproc import InProcessHub
 
     world = len(hosts)
@@ -216,6 +218,8 @@ def test_group_all_reduce_of_gpu_arrays_runs_nccl_inside_the_host(
 
     def rank(r: int) -> Any:
         x = fake.array(inputs[r], devices[r])
+        if mode == "async":
+            return groups[r].all_reduce_async(x, op).wait(timeout=30)
         return groups[r].all_reduce(x, op)
 
     results = run_ranks(rank, world, transports=hub.transports)
