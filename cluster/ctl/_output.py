@@ -63,11 +63,11 @@ class _Pending:
 
     __slots__ = ("changed", "forwarded", "forwarded_at", "text")
 
-    def __init__(self) -> None:
+    def __init__(self, now: float) -> None:
         self.text = ""
-        self.changed = 0.0
+        self.changed = now
         self.forwarded = ""
-        self.forwarded_at = 0.0
+        self.forwarded_at = now  # the first PIPE_EVERY counts from the line's first text
 
     def due_at(self) -> float | None:
         if not self.text or self.text == self.forwarded:
@@ -137,9 +137,12 @@ class Console:
             if task == self.live_task:
                 self._redraw(text)
             return
-        pending = self._pending.setdefault(task, _Pending())
+        now = self._clock()
+        pending = self._pending.get(task)
+        if pending is None:
+            pending = self._pending[task] = _Pending(now)
         if text != pending.text:
-            pending.text, pending.changed = text, self._clock()
+            pending.text, pending.changed = text, now
         if not text and not pending.forwarded:
             self._pending.pop(task)
 
