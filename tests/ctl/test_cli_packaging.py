@@ -6,6 +6,7 @@ figures; here the imports that cost it are checked."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -13,10 +14,12 @@ from importlib.metadata import version
 import pytest
 
 from cluster.ctl import cli
+from tests.conftest import REPO
 from tests.ctl._cli_run import run_cli
 
 pytestmark = pytest.mark.timeout(60)
 
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # this tree's code, whatever cwd holds
 HEAVY = ("grpc", "numpy", "yaml", "cluster.ctl.launcher", "cluster.ctl.spec",
          "cluster.collectives", "cluster.runtime")
 
@@ -35,7 +38,7 @@ print(json.dumps([code, [m for m in {heavy!r} if m in sys.modules]]))
                                   ["--version"]])
 def test_help_and_version_import_nothing_heavy(tmp_path, argv) -> None:
     proc = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *argv],
-                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path, env=ENV)
     code, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert code == 0, proc.stderr
     assert loaded == [], f"{argv} imported {loaded}"
@@ -70,7 +73,7 @@ def test_import_cluster_is_lazy_and_every_public_name_resolves(tmp_path) -> None
              "\nprint(json.dumps([before, names, sorted(set(cluster.__all__) - set(dir(cluster)))"
              "]))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+                          timeout=60, cwd=tmp_path, env=ENV)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[], [], []], proc.stderr
     import cluster
 
