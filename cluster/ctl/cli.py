@@ -188,7 +188,7 @@ def _launch_spec(args: argparse.Namespace, extra: tuple[str, ...]) -> ClusterFil
             return None
         spec = _load(args.file)
         return None if spec is None else oneline.with_extra_args(spec, extra)
-    if Path(args.file).suffix in oneline.CLUSTER_FILE_SUFFIXES:
+    if Path(args.file).suffix in oneline.YAML_SUFFIXES:
         print(f"clusterctl: launch: -n runs a script, but {args.file} is a cluster file: drop "
               "-n (the file says how many tasks run)", file=sys.stderr)
         return None

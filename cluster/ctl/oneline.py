@@ -22,10 +22,10 @@ from pathlib import Path
 from cluster.ctl.spec import ClusterFile, Problem, parse_cluster_file
 from cluster.errors import ClusterFileError
 
-__all__ = ["CLUSTER_FILE_SUFFIXES", "looks_like_script", "script_hint", "spec_for_script",
+__all__ = ["YAML_SUFFIXES", "looks_like_script", "script_hint", "spec_for_script",
            "with_extra_args"]
 
-CLUSTER_FILE_SUFFIXES = (".yaml", ".yml")
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def looks_like_script(target: str) -> bool:
