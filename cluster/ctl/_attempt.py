@@ -331,6 +331,7 @@ class Attempt:
             self.console.info(f"{what}; it served until the chief's preemption checkpoint: "
                               "the chief's exit decides the run", error=True)
         elif action is policy.TaskAction.LOST:
+            self._announced = True  # a lost ps is the root cause (policy.root_cause): named
             self.console.info(f"{what}; parameter servers are not restarted (their variables "
                               "are lost): the chief's exit decides the run", error=True)
 
