@@ -220,10 +220,22 @@ class Attempt:
             return
         task.secondary = record
         self._announce()
-        blames = {name: r.root_task for name, r in self._records().items()}
-        culprit = policy.blame_chain(task.name, blames)[-1]
+        culprit = self._culprit(task.name)
         whom = f"{culprit} failed" if culprit != task.name else record.summary()
         self.console.info(f"{task.name} stopped: {whom} (traceback in {task.log_path.name})")
+
+    def _culprit(self, name: str) -> str:
+        """The task ``name`` followed: where the blame chain of the records ends when that task
+        failed on its own; else (a link of the chain has not written its record yet: a peer
+        that aborted the group on the culprit's report) the task whose record of its own
+        failure is the oldest; else the chain's end."""
+        records = self._records()
+        end = policy.blame_chain(name, {n: r.root_task for n, r in records.items()})[-1]
+        own = sorted((r.time, n) for n, r in records.items()
+                     if not policy.is_secondary(n, r.exit_code, r.root_task))
+        if end in records and any(n == end for _, n in own):
+            return end
+        return own[0][1] if own else end
 
     def _announce(self) -> None:
         """Write the first failure line, once: the task that failed first on its own. That is
@@ -241,7 +253,7 @@ class Attempt:
             None)
         if start is None:
             return
-        culprit = policy.blame_chain(start, {n: r.root_task for n, r in records.items()})[-1]
+        culprit = self._culprit(start)
         record = records.get(culprit)
         if culprit != start and record is not None and not policy.is_secondary(
                 culprit, record.exit_code, record.root_task):
