@@ -54,10 +54,31 @@ from cluster.ctl.ports import pick_free_ports  # noqa: E402
 CHIEF = REPO / "bench" / "_ps_chief.py"
 READY = "serving the variable store"
 START_SECONDS = 60.0  # a task must be serving this long after it was started
+PORT_ATTEMPTS = 3  # clusters started on fresh ports when a chosen port was taken meanwhile
+EXIT_ADDRESS_IN_USE = 203  # cluster.exitcodes.EXIT_ADDRESS_IN_USE: a task could not bind
 GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when reaping
 
 
 # -- processes -------------------------------------------------------------------------------
+
+
+class PortTaken(RuntimeError):
+    """A task exited 203: another process took its port between the choice (``_cluster``) and
+    its bind. Choosing ports again helps (:func:`_on_fresh_ports`)."""
+
+
+def _on_fresh_ports(run, *args):
+    """``run(*args)``, started again (up to :data:`PORT_ATTEMPTS` times) while it raises
+    :class:`PortTaken`; ``run`` chooses its ports (``_cluster``) each time."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return run(*args)
+        except PortTaken as e:
+            if attempt == PORT_ATTEMPTS:
+                raise
+            print(f"  {e}; choosing new ports (attempt {attempt + 1} of {PORT_ATTEMPTS})",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 
@@ -99,8 +120,12 @@ class Child:
             raise TimeoutError(f"{self.name} not serving after {START_SECONDS:.0f} s:\n"
                                f"{self.output()}")
         if not self.ready:
-            raise RuntimeError(f"{self.name} exited (code {self.proc.poll()}) before serving:\n"
-                               f"{self.output()}")
+            try:
+                code = self.proc.wait(timeout=GRACE_SECONDS)  # its output ended: it is exiting
+            except subprocess.TimeoutExpired:
+                code = None
+            error = PortTaken if code == EXIT_ADDRESS_IN_USE else RuntimeError
+            raise error(f"{self.name} exited (code {code}) before serving:\n{self.output()}")
 
     def wait_exit(self, deadline: float) -> int:
         try:
@@ -195,6 +220,11 @@ def bench_transfer(sizes: list[int], ps_counts: list[int], iters: int, warmup: i
                    tls: dict[str, str] | None = None
                    ) -> dict[tuple[int, int], tuple[float, float]]:
     """``{(ps, size): (pull seconds, push seconds)}``; ``tls``: CLUSTER_TLS_* for every side."""
+    return _on_fresh_ports(_transfer, sizes, ps_counts, iters, warmup, tls)
+
+
+def _transfer(sizes: list[int], ps_counts: list[int], iters: int, warmup: int,
+              tls: dict[str, str] | None = None) -> dict[tuple[int, int], tuple[float, float]]:
     from cluster.ps.connections import PsConnections
     from cluster.ps.store import OptimizerSpec
     from cluster.transport.auth import Token
@@ -302,6 +332,11 @@ def bench_echo(sizes: list[int], iters: int, warmup: int) -> dict[int, tuple[flo
 def bench_train(workers: int, mode: str, ps: int, train_bytes: int, steps: int, repeats: int,
                 timeout: float) -> dict:
     """One fresh cluster (ps tasks, serving workers, the chief); the chief's RESULT."""
+    return _on_fresh_ports(_train, workers, mode, ps, train_bytes, steps, repeats, timeout)
+
+
+def _train(workers: int, mode: str, ps: int, train_bytes: int, steps: int, repeats: int,
+           timeout: float) -> dict:
     token = os.urandom(16).hex()
     spec = _cluster(workers, ps)
     with Children() as children:
@@ -315,6 +350,9 @@ def bench_train(workers: int, mode: str, ps: int, train_bytes: int, steps: int, 
                       "--repeats", str(repeats)],
             _env(spec, token, "chief", 0))
         code = chief.wait_exit(time.monotonic() + timeout)
+        taken = [c.name for c in children.children if c.proc.poll() == EXIT_ADDRESS_IN_USE]
+        if code != 0 and taken:
+            raise PortTaken(f"{', '.join(taken)} could not bind its port (exit 203)")
         if code != 0 or chief.result is None:
             others = "\n".join(c.output() for c in children.children if c is not chief)
             raise RuntimeError(f"training chief ({workers} workers, {mode}) exited with code "

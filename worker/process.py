@@ -255,13 +255,14 @@ def _run_script(rt: runtime.TaskRuntime, command: Command) -> int:
         if terminated is not None:  # the signal broke a lock on its way: still a termination
             print(f"{rt.task}: {terminated}: stopped", file=sys.stderr, flush=True)
             return terminated.exit_code
+        code = exitcodes.EXIT_PEER_FAILED if _is_secondary(rt, e) else exitcodes.EXIT_FAILURE
+        # The record first: the launcher reads it even if we are killed meanwhile, and a
+        # launcher that finds a "peer failed" record keeps the traceback below off its console.
+        _record(rt, e, code)
         traceback.print_exc()
-        code = exitcodes.EXIT_FAILURE
-        if _is_secondary(rt, e):
-            code = exitcodes.EXIT_PEER_FAILED
+        if code == exitcodes.EXIT_PEER_FAILED:
             print(f"{rt.task}: stopping because of another task: {rt.peer_failure or e}",
                   file=sys.stderr, flush=True)
-        _record(rt, e, code)  # first: the launcher reads it even if we are killed meanwhile
         # The report is bounded (report_timeout); a launcher's SIGTERM must not cut it short
         # and turn this task's own failure into a 143 that hides the root cause.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -3,7 +3,13 @@
 :class:`Attempt` runs one event loop (a selector over the tasks' output pipes, their pidfds and
 the signal wake-up fd, against deadlines; no sleeps, no polling) until every task has exited:
 
-- output: each line to the console prefixed ``[worker:1]`` and to the task's log;
+- output: each line to the console prefixed ``[worker:1]`` and to the task's log; partial lines
+  (progress bars) as :mod:`cluster.ctl._output` shows them;
+- a task whose error record says it only stopped because a peer failed (exit 201: its
+  ``CollectiveAbortedError`` / ``PeerUnavailableError``) gets one console line, ``chief:0
+  stopped: worker:1 failed``; the rest of its output (its traceback) goes to its log only;
+- the first failure line names the task that failed first on its own (its error record), even
+  when a task that only followed it is the first to exit;
 - a task that exits on its own while the run goes on is handled alone as
   :func:`cluster.ctl.policy.on_task_exit` says (``mode: coordinator``: a worker is started
   again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times);
@@ -30,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster import exitcodes
+from cluster import exitcodes, lifecycle
 from cluster.ctl import _telemetry, policy
 from cluster.ctl._output import Console
 from cluster.ctl._task_process import TaskProcess
@@ -113,10 +119,13 @@ class Attempt:
 
     def __init__(self, spec: ClusterFile, console: Console, run_dir: Path, token: str,
                  addresses: dict[str, list[str]], restarts: int, signals: SignalPipe,
-                 number: int, restart_delay: float, tls: RunTls | None = None) -> None:
+                 number: int, restart_delay: float, tls: RunTls | None = None,
+                 timestamps: bool = False) -> None:
         self.spec, self.console, self.signals = spec, console, signals
         self.addresses = addresses
-        self.tasks = [TaskProcess(job, i, run_dir) for job, i in spec.tasks()]
+        self.tasks = [TaskProcess(job, i, run_dir, timestamps=timestamps)
+                      for job, i in spec.tasks()]
+        self._announced = False  # the first failure line was written
         self.exits: list[policy.TaskExit] = []
         self.phase = policy.Phase.RUNNING
         self.kill_deadline: Deadline | None = None
@@ -184,15 +193,83 @@ class Attempt:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _show(self, task: TaskProcess, lines: list[str]) -> None:
+    def _show(self, task: TaskProcess, lines: list[str], partial: str = "") -> None:
+        self._check_secondary(task)
+        if task.secondary is not None:
+            return  # in its log: the console had its one line
         for line in lines:
             self.console.task_line(task.name, line)
+        self.console.task_partial(task.name, partial)
 
     def _read(self, task: TaskProcess) -> None:
         lines, ended = task.read()
-        self._show(task, lines)
+        self._show(task, lines, "" if ended else task.partial())
         if ended:
             self._close_output(task)
+
+    # -- failure lines -----------------------------------------------------------------------
+
+    def _records(self) -> dict[str, lifecycle.ErrorRecord]:
+        records = {t.name: t.error_record() for t in self.tasks}
+        return {name: r for name, r in records.items() if r is not None}
+
+    def _check_secondary(self, task: TaskProcess) -> None:
+        """Notice that ``task`` wrote an error record saying it only followed a peer's failure:
+        from then on its output goes to its log only, the console gets one line. (The worker
+        writes the record before its traceback, so none of the traceback reaches the console.)
+        """
+        if task.secondary is not None or not task.error_path.exists():
+            return
+        record = task.error_record()
+        if record is None or not policy.is_secondary(task.name, record.exit_code,
+                                                     record.root_task):
+            return
+        task.secondary = record
+        self._announce()
+        culprit = self._culprit(task.name)
+        whom = f"{culprit} failed" if culprit != task.name else record.summary()
+        self.console.info(f"{task.name} stopped: {whom} (traceback in {task.log_path.name})")
+
+    def _culprit(self, name: str) -> str:
+        """The task ``name`` followed: where the blame chain of the records ends when that task
+        failed on its own; else (a link of the chain has not written its record yet: a peer
+        that aborted the group on the culprit's report) the task whose record of its own
+        failure is the oldest; else the chain's end."""
+        records = self._records()
+        end = policy.blame_chain(name, {n: r.root_task for n, r in records.items()})[-1]
+        own = sorted((r.time, n) for n, r in records.items()
+                     if not policy.is_secondary(n, r.exit_code, r.root_task))
+        if end in records and any(n == end for _, n in own):
+            return end
+        return own[0][1] if own else end
+
+    def _announce(self) -> None:
+        """Write the first failure line, once: the task that failed first on its own. That is
+        the root cause of the exits so far (:func:`policy.root_cause`) unless it only followed
+        a peer; then the task its error record blames (through the records of the others),
+        which has written its own record before telling anyone, though it may not have exited
+        yet."""
+        if self._announced:
+            return
+        self._announced = True
+        records = self._records()
+        root = policy.root_cause(self.exits, self.spec.mode) if self.exits else None
+        start = root.task if root is not None else next(
+            (n for n, r in records.items() if policy.is_secondary(n, r.exit_code, r.root_task)),
+            None)
+        if start is None:
+            return
+        culprit = self._culprit(start)
+        record = records.get(culprit)
+        if culprit != start and record is not None and not policy.is_secondary(
+                culprit, record.exit_code, record.root_task):
+            self.console.info(f"{culprit} failed: {record.summary()}", error=True)
+        elif root is not None:
+            first = next(t for t in self.tasks if t.name == root.task)
+            self.console.info(f"{first.name} exited {exitcodes.describe(root.code)}: "
+                              f"{first.cause()}", error=True)
+        else:
+            self._announced = False  # nothing to name yet: the first exit will
 
     def _restart(self, task: TaskProcess) -> None:
         """Start ``task`` again alone, as before (same TF_CONFIG, same port)."""
@@ -215,6 +292,7 @@ class Attempt:
         self.sel.unregister(task.pidfd)
         code = task.reap()
         self.exits.append(policy.TaskExit(task.name, code, len(self.exits), task.stopped))
+        self._check_secondary(task)
 
     def _stop_all(self, why: str) -> None:
         running = [t for t in self.tasks if t.running and not t.stopped]
@@ -271,6 +349,7 @@ class Attempt:
             self.console.info(f"{what}; it served until the chief's preemption checkpoint: "
                               "the chief's exit decides the run", error=True)
         elif action is policy.TaskAction.LOST:
+            self._announced = True  # a lost ps is the root cause (policy.root_cause): named
             self.console.info(f"{what}; parameter servers are not restarted (their variables "
                               "are lost): the chief's exit decides the run", error=True)
 
@@ -284,10 +363,8 @@ class Attempt:
                 task.restart_at = None
         coordinator = self.spec.mode == policy.COORDINATOR
         if self.phase is policy.Phase.FAILED:
-            first = next(t for t in self.tasks if t.name == self.exits[-1].task)
-            self.console.info(f"{first.name} exited {exitcodes.describe(first.code)}: "
-                              f"{first.cause()}", error=True)
-            by_chief = coordinator and first.job == "chief"
+            self._announce()
+            by_chief = coordinator and self.exits[-1].task == "chief:0"
             self._stop_all("the chief's exit ends the run" if by_chief else "fail fast")
         elif self.phase is policy.Phase.SUCCEEDED and coordinator:
             self._stop_all("the chief exited 0: the run succeeded")  # servers serve forever
@@ -355,6 +432,9 @@ class Attempt:
                     if drain.expired:
                         break
                 timeout = self._deadlines(run_deadline)
+                due = self.console.due()  # a pipe's partial line to write
+                if due is not None:
+                    timeout = due if timeout is None else min(timeout, due)
                 if drain is not None:
                     timeout = min(timeout if timeout is not None else _PIPE_DRAIN,
                                   drain.remaining())
@@ -367,6 +447,7 @@ class Attempt:
                         self._on_exit(task)
                     else:
                         self._on_signal()
+                self.console.tick()
                 self._check_deadlines(run_deadline)
         finally:
             self._kill_all()

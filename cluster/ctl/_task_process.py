@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cluster import exitcodes, lifecycle
-from cluster.ctl._output import LineSplitter
+from cluster.ctl._output import LineSplitter, stamp
 from cluster.deadline import Deadline
 
 __all__ = ["TaskProcess", "TaskStartError"]
@@ -48,8 +48,9 @@ class TaskProcess:
     started again alone, and ``restart_at`` is when the next such start is due.
     """
 
-    def __init__(self, job: str, index: int, run_dir: Path) -> None:
+    def __init__(self, job: str, index: int, run_dir: Path, *, timestamps: bool = False) -> None:
         self.job, self.index = job, index
+        self.timestamps = timestamps  # start each log line with the time it was read
         self.name = f"{job}:{index}"
         self.log_path = run_dir / f"{job}-{index}.log"
         self.error_path = run_dir / f"{job}-{index}.error.json"
@@ -64,6 +65,7 @@ class TaskProcess:
         self.restarts = 0  # times started again alone (coordinator mode)
         self.restart_at: Deadline | None = None
         self.was_suspended = False  # its process was stopped (SIGSTOP) when the launcher stopped it
+        self.secondary: lifecycle.ErrorRecord | None = None  # its record: it only followed a peer
 
     @property
     def running(self) -> bool:
@@ -115,10 +117,15 @@ class TaskProcess:
             lines += self._logged(self.splitter.feed(chunk))
         return lines + self._logged(self.splitter.flush())
 
+    def partial(self) -> str:
+        """What a terminal shows of the line the process has started but not ended."""
+        return self.splitter.partial()
+
     def _logged(self, lines: list[str]) -> list[str]:
+        when = f"{stamp()} " if self.timestamps and lines else ""
         for line in lines:
             if self.log is not None:
-                self.log.write(line + "\n")
+                self.log.write(when + line + "\n")
             if line.strip():
                 self.last_line = line.strip()
         return lines
@@ -142,6 +149,11 @@ class TaskProcess:
         :meth:`close_output`); the log, the restart count and the last line stay."""
         self.proc, self.code, self.stopped = None, None, False
         self.splitter = LineSplitter()
+        self.secondary = None
+
+    def error_record(self) -> lifecycle.ErrorRecord | None:
+        """The error record the process left (``RUN_DIR/worker-1.error.json``), if any."""
+        return lifecycle.read_error_file(self.error_path)
 
     def close(self) -> None:
         """Release the pidfd and the log; the process must have exited (or been killed)."""

@@ -41,7 +41,7 @@ from cluster.ctl.render.api import DEFAULT_NAMESPACE
 from cluster.ctl.spec import ClusterFile
 from cluster.settings import ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY
 
-__all__ = ["DEFAULT_DAYS", "LOOPBACK_NAMES", "RunTls", "add_parser", "main", "prepare_run",
+__all__ = ["DEFAULT_DAYS", "LOOPBACK_NAMES", "RunTls", "main", "prepare_run",
            "task_hosts", "write_certs", "write_host_cert"]
 
 DEFAULT_DAYS = 365
@@ -189,24 +189,6 @@ def prepare_run(spec: ClusterFile, run_dir: Path) -> RunTls | None:
     directory = run_dir / "tls"
     write_certs(directory, spec, days=30, pods=False)
     return RunTls(directory)
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``certs`` subcommand of ``clusterctl``."""
-    cmd = sub.add_parser(
-        "certs", help="make a CA and the tasks' certificates for `tls:` (mutual TLS)",
-        description="Write a CA (reused when DIR has one) and certificates into DIR: one per "
-                    "task of FILE (JOB-INDEX.pem/.key, naming its host and its Kubernetes pod "
-                    "names) and pod.pem/.key for the Kubernetes Secret; or, with --hosts, "
-                    "cluster.pem/.key naming those hosts. Then write `tls: {dir: DIR}` in FILE.")
-    cmd.add_argument("dir", metavar="DIR", help="directory to write (created)")
-    cmd.add_argument("file", metavar="FILE", nargs="?", help="cluster.yaml")
-    cmd.add_argument("--hosts", nargs="+", metavar="HOST",
-                     help="write cluster.pem/.key for these hosts (names or IPs)")
-    cmd.add_argument("--namespace", metavar="NS", default=DEFAULT_NAMESPACE,
-                     help=f"Kubernetes namespace of the pod names (default: {DEFAULT_NAMESPACE})")
-    cmd.add_argument("--days", type=int, default=DEFAULT_DAYS, metavar="N",
-                     help=f"validity in days (default: {DEFAULT_DAYS})")
 
 
 def main(args: argparse.Namespace, spec: ClusterFile | None) -> int:

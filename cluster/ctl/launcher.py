@@ -8,6 +8,9 @@ and supervises the attempt (:mod:`cluster.ctl._attempt`; one task's process is
 :mod:`cluster.ctl._task_process`):
 
 - output: each line to the console prefixed ``[worker:1]`` and to ``RUN_DIR/worker-1.log``;
+  progress bars live (:mod:`cluster.ctl._output`); ``show`` limits the console to some tasks;
+  a task that only stopped because a peer failed gets one console line (its traceback is in
+  its log);
 - fail fast: the first task to fail stops the others (SIGTERM to each process group, SIGKILL
   after ``timeouts.grace``); the policy (``cluster.ctl.policy``) then restarts the whole cluster
   or gives up; the summary names every task's exit code and the root cause;
@@ -18,8 +21,12 @@ and supervises the attempt (:mod:`cluster.ctl._attempt`; one task's process is
   that dies is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, same
   port) up to ``restart.max_worker_restarts`` times, then left down; a parameter server that
   dies is not restarted (the chief's coordinator fails, naming it);
-- Ctrl-C / SIGTERM to clusterctl (``handle_signals=True``): everything is stopped, no orphans;
-  tasks also stop by themselves if clusterctl dies (``CLUSTER_LAUNCHER_PID``).
+- Ctrl-C / SIGTERM to clusterctl (``handle_signals=True``): everything is stopped, no orphans,
+  and the run is reported as interrupted; tasks also stop by themselves if clusterctl dies
+  (``CLUSTER_LAUNCHER_PID``);
+- ports: a task that cannot bind a port clusterctl chose (exit 203) makes it choose again (up
+  to :data:`PORT_RETRIES` times); a fixed address (listed, or from ``port_base``) that is taken
+  on this host is refused before anything starts (exit 2), and never "chosen again".
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -39,7 +47,7 @@ from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
 from cluster.ctl._task_process import TaskStartError
 from cluster.ctl.certs import prepare_run
-from cluster.ctl.ports import ensure_fd_limit
+from cluster.ctl.ports import ensure_fd_limit, taken_addresses
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import assign_addresses
 from cluster.errors import ClusterError
@@ -77,6 +85,7 @@ class TaskResult:
     cause: str
     log: str
     restarts: int = 0
+    followed: str = ""  # the task whose failure it only followed (its error record says so)
 
 
 @dataclass
@@ -136,6 +145,28 @@ def _first_addresses(spec: ClusterFile) -> dict[str, list[str]]:
                                "127.0.0.1)") from e
 
 
+def _port_chosen(spec: ClusterFile, task: str) -> bool:
+    """Whether clusterctl chose ``task``'s port (a counted job without ``port_base``): only
+    then can choosing again help when the port is taken."""
+    job = task.split(":", 1)[0]
+    return spec.port_base is None and any(j.name == job and j.addresses is None
+                                          for j in spec.jobs)
+
+
+def _check_fixed_addresses(spec: ClusterFile, addresses: dict[str, list[str]]) -> None:
+    """Refuse to start when a fixed address (listed in the file, or from ``port_base``) is
+    already taken on this host: choosing again cannot help, and the task would only exit 203."""
+    fixed = {f"{job}:{i}": address for job, listed in addresses.items()
+             for i, address in enumerate(listed) if not _port_chosen(spec, f"{job}:{i}")}
+    taken = taken_addresses(fixed)
+    if taken:
+        where = ", ".join(f"{task} {fixed[task]}" for task in taken)
+        raise LaunchSetupError(f"the fixed address of {where} is taken on this host (another "
+                               "process listens there): stop it, change the address, or give "
+                               "the job a count without port_base to have clusterctl choose "
+                               "free ports")
+
+
 def _where(addresses: dict[str, list[str]]) -> str:
     """Every task's address for the start line; a large cluster's are abridged (every
     ``TF_CONFIG`` is still in each task's environment, ``clusterctl render`` prints them)."""
@@ -152,9 +183,15 @@ def _summary(result: LaunchResult, name: str) -> str:
     lines = [f"run {name} {verdict} after {result.elapsed:.1f} s "
              f"({result.attempts} attempt{'s' if result.attempts > 1 else ''})"]
     width = max((len(t.task) for t in result.tasks), default=4)
+    root = result.root_cause.split(" ", 1)[0]
     for t in result.tasks:
         code = "-" if t.exit_code is None else exitcodes.describe(t.exit_code)
-        note = " (stopped by clusterctl)" if t.stopped else ""
+        if t.task == root and result.interrupted is None:
+            note = " (root cause)"
+        elif t.followed:
+            note = f" (stopped: {t.followed} failed)"
+        else:
+            note = " (stopped by clusterctl)" if t.stopped else ""
         if t.restarts:
             note += f" (restarted {t.restarts} time{'s' if t.restarts > 1 else ''})"
         lines.append(f"  {t.task.ljust(width)}  exit {code}{note}")
@@ -165,10 +202,13 @@ def _summary(result: LaunchResult, name: str) -> str:
 
 
 def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
-           handle_signals: bool = False, run_dir: Path | None = None) -> LaunchResult:
+           handle_signals: bool = False, run_dir: Path | None = None,
+           timestamps: bool = False, show: Collection[str] | None = None) -> LaunchResult:
     """Run ``spec`` to completion on this host; see the module docstring.
 
     ``color`` is ``always``, ``never`` or ``auto`` (colour when ``out`` is a terminal).
+    ``timestamps`` starts console and log lines with the time; ``show`` (task names) limits
+    the console to those tasks (the logs get every task).
     ``handle_signals`` (main thread only) makes SIGINT/SIGTERM stop the run cleanly (exit
     128 + signal). Returns a :class:`LaunchResult` whose ``exit_code`` is 0 only on success;
     writes ``summary.json`` into the run directory.
@@ -180,12 +220,15 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
     """
     out = out if out is not None else sys.stdout
     names = [f"{job}:{i}" for job, i in spec.tasks()]
-    console = Console(out, color=use_color(out, color), tasks=[*names, "clusterctl"])
+    console = Console(out, color=use_color(out, color), tasks=[*names, "clusterctl"],
+                      show=None if show is None else {*show, "clusterctl"},
+                      timestamps=timestamps)
     try:  # per task: its output pipe, its pidfd, its log (the ports are checked when chosen)
         ensure_fd_limit(_FDS_PER_TASK * len(names), f"supervising {len(names)} tasks")
     except OSError as e:
         raise LaunchSetupError(str(e)) from e
     first = _first_addresses(spec)
+    _check_fixed_addresses(spec, first)
     run_dir = _make_run_dir(spec, run_dir)
     token = secrets.token_urlsafe(32)
     try:
@@ -208,7 +251,8 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                 where = _where(addresses)
                 console.info(f"run {spec.name} attempt {attempts}: {where}; logs in {run_dir}")
                 attempt = Attempt(spec, console, run_dir, token, addresses, restarts, signals,
-                                  attempts, restart_delay=TASK_RESTART_DELAY, tls=tls)
+                                  attempts, restart_delay=TASK_RESTART_DELAY, tls=tls,
+                                  timestamps=timestamps)
                 try:
                     outcome = attempt.run()
                 except TaskStartError as e:
@@ -223,7 +267,8 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                     root.code if root is not None else EXIT_RUN_FAILED,
                     restarts_done=restarts, max_restarts=spec.restart.max_restarts,
                     policy=spec.restart.policy,
-                    ports_chosen=spec.port_base is None, port_retries_left=port_retries)
+                    ports_chosen=root is not None and _port_chosen(spec, root.task),
+                    port_retries_left=port_retries)
                 if decision is policy.Decision.REPICK_PORTS:
                     port_retries -= 1
                     console.info(f"{result.root_cause}: choosing new ports and starting again")
@@ -235,6 +280,10 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                     continue
                 result.exit_code = policy.failed_exit_code(outcome.exits, spec.mode,
                                                            EXIT_RUN_FAILED)
+                if root is not None and root.code == exitcodes.EXIT_ADDRESS_IN_USE:
+                    console.info(f"{root.task}'s address is fixed by {spec.path.name} and was "
+                                 "taken: free that port, or give the job a count to have "
+                                 "clusterctl choose free ports", error=True)
                 break
     finally:
         signals.close()
@@ -269,22 +318,42 @@ def _unresponsive(attempt: Attempt, outcome: Outcome, root: policy.TaskExit) -> 
     return f"{culprit} unresponsive ({how}): {witness} reported {seen}"
 
 
+def _failed_by_itself(record: lifecycle.ErrorRecord | None) -> bool:
+    """Whether ``record`` is a task's own failure (not one that followed a peer's)."""
+    return record is not None and not policy.is_secondary(record.task, record.exit_code,
+                                                          record.root_task)
+
+
 def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
             root: policy.TaskExit | None, run_dir: Path, attempts: int,
             elapsed: float) -> LaunchResult:
     """The result of the run if it ends with this attempt: exit code 0 (succeeded),
     128 + signal (interrupted), :data:`EXIT_RUN_TIMEOUT`, else :data:`EXIT_RUN_FAILED` with the
     root cause named (the caller may still restart, or refine the code)."""
+    records = {t.name: lifecycle.read_error_file(t.error_path) for t in attempt.tasks}
+    blames = {name: r.root_task for name, r in records.items() if r is not None}
+    followed = {name: policy.blame_chain(name, blames)[-1] for name, r in records.items()
+                if r is not None and policy.is_secondary(name, r.exit_code, r.root_task)}
     result = LaunchResult(EXIT_RUN_FAILED, run_dir, attempts, elapsed,
                           [TaskResult(t.name, t.code, t.stopped, t.cause(), str(t.log_path),
-                                      t.restarts) for t in attempt.tasks])
+                                      t.restarts, followed.get(t.name, ""))
+                           for t in attempt.tasks])
     if root is not None:
+        culprit = followed.get(root.task, root.task)
+        if culprit != root.task and _failed_by_itself(records.get(culprit)):
+            root = next((e for e in reversed(outcome.exits) if e.task == culprit), root)
         task = next(t for t in attempt.tasks if t.name == root.task)
         result.root_cause = (_unresponsive(attempt, outcome, root) or f"{root.task} exited "
                              f"{exitcodes.describe(root.code)}: {task.cause()}")
     if outcome.interrupted is not None:
         result.interrupted = outcome.interrupted
         result.exit_code = 128 + outcome.interrupted
+        if not any(e.code != 0 and not e.stopped for e in outcome.exits):
+            # Every task ended because clusterctl stopped it: none of them is a root cause.
+            name = signal.Signals(outcome.interrupted).name
+            how = " (Ctrl-C)" if outcome.interrupted == signal.SIGINT else ""
+            result.root_cause = (f"interrupted: clusterctl received {name}{how} and stopped "
+                                 "every task")
     elif outcome.timed_out:
         result.root_cause = f"the run exceeded timeouts.run = {spec.timeouts.run:g} s"
         result.exit_code = EXIT_RUN_TIMEOUT

@@ -29,8 +29,10 @@ __all__ = [
     "TaskAction",
     "TaskExit",
     "assess",
+    "blame_chain",
     "decide",
     "failed_exit_code",
+    "is_secondary",
     "on_task_exit",
     "root_cause",
     "unresponsive",
@@ -170,6 +172,22 @@ def _first_failure(exits: list[TaskExit]) -> TaskExit | None:
     return None
 
 
+def is_secondary(task: str, code: int, root_task: str) -> bool:
+    """Whether a task's error record (``task``, its ``exit_code``, its ``root_task``) says it
+    only stopped because a peer failed: exit 201, or another task named as the root."""
+    return code in exitcodes.SECONDARY or bool(root_task and root_task != task)
+
+
+def blame_chain(task: str, blames: Mapping[str, str]) -> list[str]:
+    """``[task, the task it blames, the task that one blames, ...]``, following ``blames``
+    (task -> the ``root_task`` of its error record) until a task blames no one (or a task
+    already on the chain): the last is the one the others followed."""
+    chain = [task]
+    while chain[-1] in blames and blames[chain[-1]] and blames[chain[-1]] not in chain:
+        chain.append(blames[chain[-1]])
+    return chain
+
+
 def unresponsive(root: TaskExit, exits: list[TaskExit],
                  blames: Mapping[str, str]) -> tuple[str, str] | None:
     """``(culprit, witness)`` when the root cause only stopped because of a peer that never
@@ -185,9 +203,7 @@ def unresponsive(root: TaskExit, exits: list[TaskExit],
     """
     if root.code not in exitcodes.SECONDARY:
         return None
-    chain = [root.task]
-    while chain[-1] in blames and blames[chain[-1]] not in chain:
-        chain.append(blames[chain[-1]])
+    chain = blame_chain(root.task, blames)
     if len(chain) < 2:
         return None
     culprit = chain[-1]

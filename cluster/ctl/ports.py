@@ -15,11 +15,12 @@ that is needed, and says which limit to raise when even the hard limit is too lo
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import resource
 import socket
 
-__all__ = ["ensure_fd_limit", "pick_free_ports"]
+__all__ = ["ensure_fd_limit", "pick_free_ports", "taken_addresses"]
 
 _FD_SLACK = 64  # descriptors kept free for what the process opens meanwhile (logs, pipes, gRPC)
 
@@ -87,3 +88,38 @@ def pick_free_ports(host: str, n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _probe_host(host: str) -> str | None:
+    """The address to probe for ``host`` (an IP literal or ``localhost``), else None: a name
+    is not resolved here (that could block on DNS), and a host elsewhere cannot be probed."""
+    bare = host.strip("[]")
+    if bare.lower() == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        return None
+    return bare
+
+
+def taken_addresses(addresses: dict[str, str]) -> list[str]:
+    """The keys of ``addresses`` (``task -> "host:port"``) whose port some process already
+    listens on, on this machine. Probes by binding (``SO_REUSEADDR``, so connections of an
+    earlier run in ``TIME_WAIT`` do not count); an address that cannot be probed (a name, a host
+    of another machine, an address this machine lacks) is assumed free: its task reports it."""
+    taken = []
+    for task, address in addresses.items():
+        host, _, port = address.rpartition(":")
+        probe = _probe_host(host)
+        if probe is None or not port.isdigit():
+            continue
+        family = socket.AF_INET6 if ":" in probe else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((probe, int(port)))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    taken.append(task)
+    return taken

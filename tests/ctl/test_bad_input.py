@@ -123,6 +123,13 @@ def _limit_memory() -> None:  # in the child: the machine is never at risk, even
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
+_PEAK = ("import resource, subprocess, sys\n"
+         "code = subprocess.run(sys.argv[1:]).returncode\n"
+         "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+         "file=sys.stderr)\n"
+         "sys.exit(code)")
+
+
 def test_an_alias_bomb_is_refused_at_once_within_a_memory_limit(tmp_path) -> None:
     # 9 levels of 9 aliases each: 9**9 (387 million) values once expanded, in ~350 bytes.
     text = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
@@ -132,15 +139,18 @@ def test_an_alias_bomb_is_refused_at_once_within_a_memory_limit(tmp_path) -> Non
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "cluster.ctl.cli", "validate", str(path)],
+    proc = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "cluster.ctl.cli",
+                           "validate", str(path)],
                           cwd=REPO, capture_output=True, text=True, timeout=45,
                           preexec_fn=_limit_memory)
     elapsed = time.monotonic() - began
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    *messages, peak = proc.stderr.rstrip("\n").rsplit("\n", 1)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "more than 100,000 values once aliases (*name) are expanded" in proc.stderr
     assert elapsed < 30  # the fix answers in about a second; before it, over 60 s
-    assert usage.ru_maxrss < 400 * 1024  # KiB: the interpreter alone is ~60 MiB
+    # KiB: the interpreter alone is ~60 MiB. Measured by a wrapper that runs only clusterctl:
+    # this process's RUSAGE_CHILDREN is the largest child of the whole test session.
+    assert int(peak.removeprefix("PEAK_KIB ")) < 400 * 1024, peak
 
 
 def test_anchors_and_aliases_within_the_bound_still_work(tmp_path) -> None:

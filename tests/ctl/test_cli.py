@@ -157,9 +157,10 @@ def test_render_keeps_listed_addresses(tmp_path, capsys) -> None:
                                 "worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
 
 
-def test_no_command_prints_help(capsys) -> None:
-    assert main([]) == 0
-    assert "launch" in capsys.readouterr().out
+def test_no_command_prints_usage_and_exits_2(capsys) -> None:
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: clusterctl" in err and "launch -n 2 train.py" in err
 
 
 COORDINATOR = textwrap.dedent("""\

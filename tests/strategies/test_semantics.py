@@ -344,7 +344,8 @@ def test_python_scalars_and_numpy_scalars_come_back_as_scalars(two):
 
 
 def test_dlpack_arrays_come_back_in_their_family(two):
-    torch = pytest.importorskip("torch", reason="torch (bench extra) is not installed")
+    torch = pytest.importorskip("torch", reason="torch is not installed (a benchmark-only "
+                                "dependency, no extra: uv pip install torch==2.13.0)")
     value = PerReplica([torch.ones(3), torch.full((3,), 2.0)])
     result = two.reduce("SUM", value, axis=None)
     assert isinstance(result, torch.Tensor) and result.tolist() == [3.0, 3.0, 3.0]
