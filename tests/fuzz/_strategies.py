@@ -28,6 +28,7 @@ from cluster.transport._pb import (
     ps_pb2,
     tensor_pb2,
 )
+from cluster.transport._ps_wire import to_chunk
 
 __all__ = ["METHODS", "Method", "frames", "message", "mutate", "request_bytes"]
 
@@ -83,7 +84,21 @@ def _message(draw, descriptor: _d.Descriptor) -> Message:
 
 
 @st.composite
+def _tensor(draw, chunk: tensor_pb2.TensorChunk) -> None:
+    """A consistent whole-tensor chunk (``to_chunk``'s layout), so that requests carrying
+    tensors get past the chunk checks into the store; the shape of the real variable
+    (``fuzz/var``: float32, [4]) comes up often."""
+    dtype = draw(st.sampled_from([np.float32, np.float32, np.float64, np.int32, np.bool_]))
+    shape = draw(st.sampled_from([[4], [4], [], [0], [2, 2], [3]]))
+    array = np.ones(shape, dtype) * draw(st.sampled_from([1, 0, -1]))
+    chunk.CopyFrom(to_chunk(array, "fuzz"))
+
+
+@st.composite
 def _fill(draw, msg: Message, depth: int) -> Message:
+    if msg.DESCRIPTOR is tensor_pb2.TensorChunk.DESCRIPTOR and draw(st.booleans()):
+        draw(_tensor(msg))
+        return msg
     for field in msg.DESCRIPTOR.fields:
         if not draw(st.booleans()):
             continue  # absent: proto3 default, or an unset oneof / optional
@@ -143,7 +158,7 @@ def request_bytes(descriptor: _d.Descriptor) -> st.SearchStrategy[bytes]:
 def _frame(draw, src_rank: int) -> bytes:
     header = draw(message(collective_pb2.Frame.DESCRIPTOR))
     header.ClearField("data")
-    if draw(st.booleans()):  # a well-formed frame of a small message, often a whole one
+    if draw(st.sampled_from([True, True, True, False])):  # well-formed, often a whole message
         header.src_rank = src_rank
         header.group = draw(st.sampled_from(["fuzz", "g"]))
         data = draw(st.binary(max_size=64))
@@ -174,4 +189,3 @@ class Method:
 METHODS = [Method(s, m)
            for module in (collective_pb2, control_pb2, coordination_pb2, coordinator_pb2, ps_pb2)
            for s in module.DESCRIPTOR.services_by_name.values() for m in s.methods]
-assert tensor_pb2  # imported for its descriptors (ps.proto's TensorChunk)

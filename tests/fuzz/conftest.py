@@ -15,20 +15,24 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import grpc
+import numpy as np
 import pytest
 
 from cluster.deadline import Deadline
-from cluster.transport.api import PeerInfo
+from cluster.transport._pb import control_pb2
+from cluster.transport.api import MessageKey, PeerInfo
 from cluster.transport.auth import Token
 from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.network import NetworkTransport
+from cluster.transport.ps_client import PsClient
 from cluster.transport.server import TaskServer
 from tests.conftest import REPO
-from tests.fuzz._victim import TASKS
+from tests.fuzz._victim import GROUP, PAYLOAD, TASKS
 
-__all__ = ["DEFAULT_EXAMPLES", "EXAMPLES", "TOKEN", "Victim", "victim"]
+__all__ = ["DEFAULT_EXAMPLES", "EXAMPLES", "TOKEN", "Victim", "assert_serves_real_peers", "victim"]
 
-DEFAULT_EXAMPLES = 25
+DEFAULT_EXAMPLES = 50
 EXAMPLES = int(os.environ.get("CLUSTER_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
 TOKEN = Token("fuzz-suite-secret")
 # RLIMIT_DATA of the victim: a request that made it allocate without bound dies there (the
@@ -86,6 +90,13 @@ class Victim:
             if line.split(" ", 1)[0] == word:
                 return line[len(word):].strip()
 
+    def assert_healthy(self) -> None:
+        """Alive, and no handler or thread of it died with an exception (gRPC logs one that
+        escapes a handler; Python prints one that ends a thread)."""
+        assert self.proc.poll() is None, f"victim exited {self.proc.poll()}:\n{self.log}"
+        text = "".join(self.output)
+        assert "Traceback" not in text and "Exception calling application" not in text, text
+
     @property
     def log(self) -> str:
         return "".join(self.output[-60:])
@@ -111,7 +122,8 @@ class Victim:
 
     def close(self) -> None:
         try:
-            self.peer.close(Deadline.after(2)) if hasattr(self, "peer") else None
+            if hasattr(self, "peer"):  # absent when the victim never became ready
+                self.peer.close(Deadline.after(2))
             if self.proc.stdin is not None:
                 self.proc.stdin.close()  # EOF: the victim closes its transports and exits
             self.proc.wait(10)
@@ -140,15 +152,7 @@ def assert_serves_real_peers(victim: Victim, seq: int) -> None:
     parameter-server create/push/pull round of a real variable, a 1 MiB collective message from
     its in-process peer over the data plane, and one from this process's rank 2, which opens a
     fresh data connection now (Hello, then the TCP handshake at the port the fuzz hit)."""
-    import grpc
-    import numpy as np
-
-    from cluster.transport._pb import control_pb2
-    from cluster.transport.api import MessageKey
-    from cluster.transport.ps_client import PsClient
-    from tests.fuzz._victim import GROUP, PAYLOAD
-
-    assert victim.proc.poll() is None, f"victim exited {victim.proc.poll()}:\n{victim.log}"
+    victim.assert_healthy()
     with grpc.insecure_channel(victim.address) as channel:
         check = channel.unary_unary(
             "/cluster_runtime.v1.Control/Check",
