@@ -62,6 +62,7 @@ class Victim:
         self.data_port = int(self._expect("data_port", 10))
         self._expect("ready", 10)
         self.pid = self.proc.pid
+        self.rss_before = self.status_mib("VmRSS")  # the bound is on growth from here
         self.peer = NetworkTransport(self.endpoint, 2, [
             PeerInfo(0, TASKS[0], self.address), PeerInfo(1, TASKS[1], "127.0.0.1:1"),
             PeerInfo(2, TASKS[2], self.server.address), PeerInfo(3, TASKS[3], "127.0.0.1:1"),
