@@ -8,6 +8,7 @@ it within 10 s, and a partitioned variable round-trips exactly.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -35,11 +36,29 @@ def _when_ready(ready, action) -> threading.Thread:
     return thread
 
 
-def _kill_and_restart(cluster, task: str):
+def _wait_listening(address: str, seconds: float) -> bool:
+    """Whether ``address`` accepts a TCP connection within ``seconds``."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def _kill_and_restart(cluster, task: str, back=None):
+    """SIGKILL ``task``, start it again; then, if ``back`` is a path, write it once the new
+    process accepts connections (under load its start-up alone can take tens of seconds)."""
     def action():
         cluster.kill(task)
         time.sleep(0.5)
         cluster.start(task)
+        job, index = task.split(":")
+        if back is not None and _wait_listening(cluster.spec[job][int(index)], 150):
+            back.write_text(str(time.time()))
     return action
 
 
@@ -69,23 +88,31 @@ def test_synchronous_training_is_deterministic(ps_cluster):
 
 
 def test_asynchronous_training_converges(ps_cluster):
+    """Converges although steps overlap: ``--slow`` holds each step after it read the parameters,
+    so most gradients are stale by one or more updates, as on a loaded machine (linear.py uses
+    plain SGD asynchronously; momentum 0.9 diverges at that staleness)."""
     cluster = ps_cluster(workers=2, ps=2)
-    code, output, result = cluster.run_chief("linear.py", "--mode", "async", "--steps", "40")
+    code, output, result = cluster.run_chief("linear.py", "--mode", "async", "--steps", "40",
+                                             "--slow", "0.05")
     assert code == 0, output
     assert result["error"] is None
     assert len(result["results"]) == 80
-    assert result["loss_final"] < result["loss_initial"] / 10, result
+    assert result["loss_final"] < result["loss_initial"] / 100, result
 
 
+@pytest.mark.timeout(300)
 def test_a_killed_worker_has_its_functions_rerun_and_is_used_again(ps_cluster, tmp_path):
     cluster = ps_cluster(workers=2, ps=2)
-    ready = tmp_path / "ready"
-    thread = _when_ready(ready, _kill_and_restart(cluster, "worker:0"))
+    ready, back = tmp_path / "ready", tmp_path / "back"
+    thread = _when_ready(ready, _kill_and_restart(cluster, "worker:0", back))
+    # The chief gives the coordinator 45 s from the moment the new worker:0 listens (`back`) to
+    # use it: that bounds the product's recovery, not the machine's process start-up time.
     code, output, result = cluster.run_chief(
         "linear.py", "--mode", "async", "--steps", "40", "--slow", "0.1", "--ready", str(ready),
-        "--until-restarted", "worker:0")
+        "--until-restarted", "worker:0", "--restarted", str(back), timeout=240)
     thread.join(timeout=30)
     assert code == 0, output
+    assert back.exists(), "the restarted worker:0 never accepted connections"
     assert result["error"] is None, result["error"]
     # Every scheduled function ran to completion exactly as scheduled: none lost (80, plus
     # rounds the chief added while the restarted worker was still starting).
@@ -93,7 +120,7 @@ def test_a_killed_worker_has_its_functions_rerun_and_is_used_again(ps_cluster, t
     assert indices == list(range(len(indices))) and len(indices) >= 80
     # worker:0 served functions both before the kill and after its restart (a new process).
     pids = {r["pid"] for r in result["results"] if r["task"] == "worker:0"}
-    assert len(pids) == 2, pids
+    assert len(pids) == 2, (pids, result["seconds"], output)
     assert "worker:0" in output and "unavailable" in output
 
 
@@ -143,9 +170,17 @@ def test_coordinator_semantics_and_a_partitioned_variable_round_trip(ps_cluster)
         assert [k for _, _, k in items] == list(range(len(items)))
         assert all(p == index and n == 2 for p, n, _ in items)
     assert result["out_of_range"] == "OutOfRangeError"
+    # A failing function: join raises its error once; the queued functions are cancelled (the
+    # script holds every function at a gate, so at most one of the 20 was running).
     assert result["error"] == "boom from a worker" and result["error_note"]
-    assert result["first_raises"] and result["after_error"] == 42
-    assert result["cancelled_some"] > 0
+    assert result["last_cancelled"] is True and result["done_after_join_raised"] is True
+    assert result["cancelled"] >= 19 and result["cancelled"] + result["ran"] == 20, result
+    assert result["first_raises"]
+    # An error that arrived before the next schedule is raised by it, and only by it.
+    assert result["held_cancelled"] is True
+    assert result["schedule_raises"] == "boom from a worker"
+    assert result["join_after_schedule_raised"] == "no error"
+    assert result["after_error"] == 42
     assert result["chained"] == [0, 2, 4]
     assert result["unpicklable"] == "TypeError"
     assert result["metric"] == pytest.approx(4.5)

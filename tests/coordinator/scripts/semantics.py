@@ -1,7 +1,17 @@
-"""Chief script: coordinator semantics on a real cluster; prints ``RESULT {json}`` of checks."""
+"""Chief script: coordinator semantics on a real cluster; prints ``RESULT {json}`` of checks.
+
+The error checks hold under any interleaving: a function's error is raised once, by whichever
+of ``schedule``/``join``/``done`` comes first after it arrived (TF's contract), so the script
+orders events with gate files (the loopback workers share this host) instead of hoping that
+workers are slower than the chief.
+"""
 
 import json
+import os
+import shutil
+import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -17,6 +27,35 @@ strategy = cluster.ParameterServerStrategy(rt.resolver,
                                            variable_partitioner=FixedShardsPartitioner(3))
 coordinator = ClusterCoordinator(strategy)
 out = {}
+GATES = tempfile.mkdtemp(prefix="semantics-gates-")
+
+
+def gate(name):
+    return os.path.join(GATES, name)
+
+
+def open_gate(path):
+    open(path, "w").close()
+
+
+def wait_for_gate(path, seconds=60.0):
+    """On a worker: block until the chief opened ``path`` (a deadline, so nothing hangs)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} was not opened within {seconds:g} s")
+        time.sleep(0.01)
+
+
+def boom_at(fire):
+    wait_for_gate(fire)
+    raise ValueError("boom from a worker")
+
+
+def one_at(release):
+    wait_for_gate(release)
+    return 1
+
 
 # -- a partitioned variable round-trips exactly ------------------------------------------------
 init = np.arange(30, dtype=np.float64).reshape(10, 3) / 7.0
@@ -72,38 +111,81 @@ out["per_worker"] = seen
 
 # -- running out of data: OutOfRangeError from join, then usable again --------------------------
 small = iter(coordinator.create_per_worker_dataset(lambda: [1]))
+data_gate = gate("data")
+
+
+def next_at(it, release):
+    wait_for_gate(release)
+    return next(it)
+
+
+# Gated, so no function can fail while these are scheduled (schedule would raise it instead).
 for _ in range(6):
-    coordinator.schedule(lambda it: next(it), args=(small,))
+    coordinator.schedule(next_at, args=(small, data_gate))
+open_gate(data_gate)
 try:
     coordinator.join()
     out["out_of_range"] = "no error"
 except OutOfRangeError as e:
     out["out_of_range"] = type(e).__name__
 
-# -- a failing function: its error from join, later ones cancelled, coordinator usable ----------
-def boom():
-    raise ValueError("boom from a worker")
-
-
-first = coordinator.schedule(boom)
-rest = [coordinator.schedule(lambda: 1) for _ in range(20)]
+# -- a failing function: join raises its error once, the queued functions are cancelled --------
+# One worker runs `first` and the other at most one of `rest`, each held at a gate; so when
+# `first` fails (once `fire` opens) at least 19 of `rest` still wait in the queue and are
+# cancelled, at the moment the error is recorded. The last of `rest` failing tells the chief
+# that moment has passed; only then may the running one finish.
+fire, release = gate("fire"), gate("release")
+first = coordinator.schedule(boom_at, args=(fire,))
+rest = [coordinator.schedule(one_at, args=(release,)) for _ in range(20)]
+open_gate(fire)
+try:
+    rest[-1].fetch()
+    out["last_cancelled"] = False
+except FunctionCancelledError:
+    out["last_cancelled"] = True
+open_gate(release)
 try:
     coordinator.join()
     out["error"] = "no error"
 except ValueError as e:
     out["error"] = str(e)
     out["error_note"] = any("raised on worker:" in n for n in getattr(e, "__notes__", []))
-cancelled = 0
+out["done_after_join_raised"] = coordinator.done()  # raised once: neither raises again
+coordinator.join()
+outcomes = []
 for value in rest:
     try:
-        value.fetch()
+        outcomes.append(value.fetch())
     except FunctionCancelledError:
-        cancelled += 1
-out["cancelled_some"] = cancelled
+        outcomes.append("cancelled")
+out["cancelled"] = outcomes.count("cancelled")
+out["ran"] = outcomes.count(1)
 try:
     first.fetch()
 except ValueError:
     out["first_raises"] = True
+
+# -- schedule raises an earlier function's error (once), if it comes before join ---------------
+fire2, release2 = gate("fire2"), gate("release2")
+coordinator.schedule(boom_at, args=(fire2,))
+held = [coordinator.schedule(one_at, args=(release2,)) for _ in range(2)]
+open_gate(fire2)
+try:  # one worker fails, the other holds at most one of `held`: the last one was queued
+    held[-1].fetch()
+    out["held_cancelled"] = False
+except FunctionCancelledError:
+    out["held_cancelled"] = True
+try:
+    coordinator.schedule(lambda: 0)
+    out["schedule_raises"] = "no error"
+except ValueError as e:
+    out["schedule_raises"] = str(e)
+open_gate(release2)
+try:
+    coordinator.join()
+    out["join_after_schedule_raised"] = "no error"
+except ValueError as e:
+    out["join_after_schedule_raised"] = str(e)
 out["after_error"] = coordinator.schedule(lambda: 41 + 1).fetch()
 
 # -- RemoteValues as arguments, fetch of a structure ------------------------------------------
@@ -126,4 +208,5 @@ for k in range(10):
 coordinator.join()
 out["metric"] = float(mean.result())
 out["done"] = coordinator.done()
+shutil.rmtree(GATES, ignore_errors=True)
 print("RESULT " + json.dumps(out), flush=True)
