@@ -148,7 +148,10 @@ def run(system: str, n: int, config: dict) -> list[dict[str, list[float]]]:
         else:
             spec = loopback_cluster(worker=n)
             env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
-                   "CLUSTER_COLLECTIVE_PATH": PATHS[system], "OMP_NUM_THREADS": "1"}
+                   "CLUSTER_COLLECTIVE_PATH": PATHS[system], "OMP_NUM_THREADS": "1",
+                   # Importing torch can hold the GIL (and starve the heartbeat thread) for
+                   # seconds on a loaded machine: gloo has no heartbeat to lose.
+                   "CLUSTER_HEARTBEAT_TIMEOUT": "15"}
             tasks = [procs.python("-m", "worker", script, "--rank", "ours", json.dumps(config),
                                   cwd=REPO, env=env, tf_config=tf_config(spec, "worker", i),
                                   name=f"worker:{i}") for i in range(n)]

@@ -53,7 +53,7 @@ def test_three_tasks_match_one_process(tmp_path: Path, marker: str) -> None:
         f"env: {{CLUSTER_TEST_MARKER: {marker}, OMP_NUM_THREADS: '1'}}\n"
         f"log_dir: {tmp_path / 'runs'}\n"
         "restart: {max_restarts: 0}\n"
-        "timeouts: {startup: 180, grace: 30, run: 300}\n")
+        "timeouts: {startup: 180, grace: 30, run: 300, heartbeat: 15}\n")
     text = io.StringIO()
     result = launcher.launch(parse_cluster_file(spec.read_text(), spec), out=text,
                              color="never")
