@@ -34,9 +34,10 @@ T = TypeVar("T")
 def group_strategy(variables: list[Any]) -> Any:
     """The multi-worker strategy owning ``variables`` (more than one worker), else ``None``."""
     for variable in variables:
-        if isinstance(variable, DistributedVariable):
+        # A distributed variable, or an external trackable naming its strategy.
+        if isinstance(variable, DistributedVariable) or hasattr(variable, "_checkpoint_save"):
             strategy = variable._distribute_strategy
-            if strategy.extended._num_workers > 1:
+            if strategy is not None and strategy.extended._num_workers > 1:
                 return strategy
     return None
 

@@ -25,6 +25,12 @@ Reads do not copy: a NumPy-backed variable's entry reads its live buffer, which 
 streams to disk before training continues (``save`` is synchronous).
 Parameter-server variables save their whole logical value and their optimizer state as read
 from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
+
+External trackables (e.g. ``cluster.torch.StateDict``) name their own tensors under their path
+through a small protocol: ``_checkpoint_save(path) -> list[Entry]``,
+``_checkpoint_restore(path, saved) -> list[Entry]`` (``saved``: the checkpoint's tensors under
+``path/``, the prefix removed; raise ``ValueError`` for ones it cannot take) and
+``_distribute_strategy`` (the strategy whose chief writes, or ``None``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ __all__ = [
     "Entry",
     "check_nest",
     "describe_objects",
+    "is_external",
     "restore_plan",
     "save_entries",
     "variables_of",
@@ -74,6 +81,11 @@ class Entry:
     check: Callable[[np.ndarray], None] | None = None
 
 
+def is_external(obj: Any) -> bool:
+    """Whether ``obj`` is an external trackable (see the module docstring)."""
+    return hasattr(obj, "_checkpoint_save") and hasattr(obj, "_checkpoint_restore")
+
+
 def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
     if isinstance(nest, dict):
         for key, value in nest.items():
@@ -90,7 +102,8 @@ def _walk(nest: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(nest, random.SystemRandom):
         raise TypeError(f"Checkpoint: {path} is a random.SystemRandom, which has no state to "
                         "save; track a random.Random or a numpy.random.Generator")
-    elif isinstance(nest, (Variable, Optimizer, Metric, np.random.Generator, random.Random)):
+    elif isinstance(nest, (Variable, Optimizer, Metric, np.random.Generator, random.Random)) \
+            or is_external(nest):
         yield path, nest
     else:
         raise TypeError(f"Checkpoint: {path} is a {type(nest).__name__}; trackables are "
@@ -188,6 +201,8 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
                                  lambda a, leaf=leaf: _apply_variable(leaf, a)))
         elif isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))
+        elif is_external(leaf):
+            entries.extend(leaf._checkpoint_save(path))
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
             by_id = {id(v): v for _, v in leaves if isinstance(v, Variable)}
@@ -220,13 +235,14 @@ def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
             for state in leaf._state]
 
 
-def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
-    """The entries to restore for ``leaves`` from a checkpoint holding tensors ``names``.
+def restore_plan(leaves: list[tuple[str, Any]], tensors: dict[str, np.ndarray]) -> list[Entry]:
+    """The entries to restore for ``leaves`` from a checkpoint holding ``tensors``.
 
     Optimizer slots are restored for every tracked variable the checkpoint has slots for (they
     are created if the optimizer has not stepped yet). Raises ``ValueError`` when a tracked object
     has no tensor in the checkpoint, or the checkpoint has tensors no tracked object takes.
     """
+    names = set(tensors)
     entries: list[Entry] = [Entry(*f) for f in _ps.optimizer_restore_entries(leaves, names)]
     # Parameter-server variables keep their slots on the ps tasks (restored just above).
     variables = [(p, v) for p, v in leaves
@@ -234,6 +250,10 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
     for path, leaf in leaves:
         if isinstance(leaf, Variable):
             entries.append(_variable_entry(path, leaf))
+        elif is_external(leaf):
+            prefix = f"{path}/"
+            entries.extend(leaf._checkpoint_restore(path, {
+                k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}))
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
             for var_path, variable in variables:
@@ -259,11 +279,12 @@ def restore_plan(leaves: list[tuple[str, Any]], names: set[str]) -> list[Entry]:
     return entries
 
 
-def variables_of(leaves: list[tuple[str, Any]]) -> list[Variable]:
-    """The variables among ``leaves`` and the metrics' state variables."""
-    found: list[Variable] = []
+def variables_of(leaves: list[tuple[str, Any]]) -> list[Any]:
+    """The variables among ``leaves``, the metrics' state variables and the external
+    trackables (whose ``_distribute_strategy`` decides who writes, as a variable's does)."""
+    found: list[Any] = []
     for _, leaf in leaves:
-        if isinstance(leaf, Variable):
+        if isinstance(leaf, Variable) or is_external(leaf):
             found.append(leaf)
         elif isinstance(leaf, Metric):
             found.extend(leaf._state)

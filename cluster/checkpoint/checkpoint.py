@@ -99,7 +99,7 @@ class Checkpoint:
         return self._apply(path, tensors, index)
 
     def _apply(self, path: Any, tensors: dict[str, np.ndarray], index: dict[str, Any]) -> Any:
-        plan = _trackables.restore_plan(self._leaves, set(tensors))
+        plan = _trackables.restore_plan(self._leaves, tensors)
         for entry in plan:
             array = tensors[entry.name]
             if entry.check is not None:

@@ -1,0 +1,37 @@
+"""``cluster.torch``: PyTorch training on the runtime, DistributedDataParallel's way.
+
+Imported only when used (``import cluster`` never imports torch):
+
+>>> import cluster, cluster.torch                                     # doctest: +SKIP
+>>> strategy = cluster.MultiWorkerMirroredStrategy()                  # one replica per task
+>>> cluster.torch.broadcast_module(model, strategy)                   # rank 0's initial state
+>>> grads = cluster.torch.DistributedGradients(model, strategy)       # hooks + buckets
+>>> for x, y in batches:
+...     loss_fn(model(x), y).backward()   # bucketed all-reduces start during backward
+...     grads.synchronize()               # p.grad = the mean over the tasks, in place
+...     optimizer.step(); optimizer.zero_grad()
+
+- :class:`DistributedGradients`: gradient averaging overlapped with backward, ``no_sync()`` for
+  accumulation, unused parameters handled (:mod:`cluster.torch._gradients`).
+- :func:`broadcast_module`, :func:`broadcast_optimizer_state`: rank 0's state everywhere.
+- :class:`StateDict`: a module's or optimizer's ``state_dict`` in a ``cluster.checkpoint``;
+  :func:`load_state_dict` reads it back in plain torch.
+
+Strategies: one replica per process (``MultiWorkerMirroredStrategy``, one device per task, or a
+single-replica strategy). ``MirroredStrategy`` with several replicas runs them as threads of one
+process: there, average each replica's gradients with ``get_replica_context().all_reduce``.
+"""
+
+from __future__ import annotations
+
+from cluster.torch._broadcast import broadcast_module, broadcast_optimizer_state
+from cluster.torch._gradients import DistributedGradients
+from cluster.torch._state import StateDict, load_state_dict
+
+__all__ = [
+    "DistributedGradients",
+    "StateDict",
+    "broadcast_module",
+    "broadcast_optimizer_state",
+    "load_state_dict",
+]

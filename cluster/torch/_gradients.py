@@ -1,0 +1,288 @@
+"""``DistributedGradients``: DDP-style gradient averaging that overlaps backward.
+
+How a step goes (the protocol every rank follows, so every rank issues the same collectives in
+the same order):
+
+1. At construction the trainable parameters (``requires_grad``, each once) are split into
+   buckets in *reverse* registration order (DDP's order: the last layers' gradients are ready
+   first in backward), each of one dtype and at most ``bucket_cap_mb`` (the first bucket at
+   most ``first_bucket_mb``, so communication starts early). A bucket owns one flat buffer with
+   one slot per parameter plus one *usage flag* per parameter.
+2. During ``loss.backward()`` a post-accumulate-grad hook copies each parameter's gradient into
+   its bucket's slot and sets its flag to 1. When a bucket is complete, it and every complete
+   bucket after the last one started are started with ``all_reduce_async(MEAN)`` in bucket
+   order (never out of order: a rank whose hooks fire in another order still issues the same
+   sequence). The all-reduces run in the group's stream while backward goes on.
+3. :meth:`DistributedGradients.synchronize` (alias ``wait``) starts the buckets still waiting
+   (unused parameters: their slots are zeros and their flags 0), waits for every bucket, and
+   writes the mean into each ``p.grad`` *in place* (``p.grad.copy_``).
+
+Unused parameters (no gradient on this rank at ``synchronize``): they contribute zeros, so every
+rank's buckets have the same layout and the same collectives run everywhere. The reduced flag
+says whether *any* rank had a gradient: if so ``p.grad`` is set to the mean over all ranks
+(ranks without a gradient count as zero, as in DDP's ``find_unused_parameters=True``); if no
+rank had one, ``p.grad`` is left as it was (``None`` after ``zero_grad()``), so optimizers skip
+the parameter on every rank alike. This costs nothing extra: the flags travel in the buckets.
+
+Gradient accumulation: inside :meth:`no_sync` the hooks do nothing, gradients accumulate in
+``p.grad`` locally; the first backward outside it carries the accumulated sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cluster.collectives.ops import ReduceOp
+from cluster.collectives.work import Work
+
+__all__ = ["DistributedGradients", "bucket_plan", "group_of"]
+
+_MB = 1024 * 1024
+
+
+def group_of(strategy: Any, what: str) -> Any:
+    """The collective group of ``strategy`` (one rank per process) for ``what``.
+
+    Raises ``ValueError`` when the strategy's replicas are threads of one process (several
+    local replicas: ``MirroredStrategy`` with several devices, or ``MultiWorkerMirroredStrategy``
+    with several devices per task) or it has no collectives (``ParameterServerStrategy``).
+    """
+    if strategy is None:
+        import cluster  # the current strategy, as tf.distribute.get_strategy()
+
+        strategy = cluster.get_strategy()
+    extended = strategy.extended
+    group = getattr(extended, "collective_group", None)
+    if group is None or extended.num_local_replicas != 1:
+        raise ValueError(
+            f"{what} needs one replica per process, but {type(strategy).__name__} has "
+            f"{extended.num_local_replicas} local replica(s) and "
+            f"{'no' if group is None else 'a'} collective group: use "
+            "MultiWorkerMirroredStrategy with one device per task (the default on a CPU host), "
+            "or a single-replica strategy. With replica threads in one process "
+            "(MirroredStrategy), give each replica its own model and average its gradients "
+            "with get_replica_context().all_reduce inside strategy.run"
+        )
+    return group
+
+
+def bucket_plan(sizes: list[tuple[torch.dtype, int]], cap_bytes: int,
+                first_cap_bytes: int) -> list[list[int]]:
+    """Buckets of parameter indices: reverse index order, one dtype per bucket, a new bucket
+    when the next parameter would pass the cap (a parameter larger than the cap is alone).
+
+    ``sizes`` is ``(dtype, nbytes)`` per parameter in registration order. Pure, so tested
+    alone.
+
+    >>> bucket_plan([(torch.float32, 40), (torch.float32, 40), (torch.float32, 40)], 80, 40)
+    [[2], [1, 0]]
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for index in reversed(range(len(sizes))):
+        dtype, nbytes = sizes[index]
+        cap = first_cap_bytes if not buckets else cap_bytes
+        if current and (sizes[current[0]][0] != dtype or used + nbytes > cap):
+            buckets.append(current)
+            current, used = [], 0
+        current.append(index)
+        used += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass
+class _Bucket:
+    """One bucket: its parameters, their offsets in ``flat``, and this step's state."""
+
+    params: list[torch.nn.Parameter]
+    offsets: list[int]
+    flat: torch.Tensor  # gradients, then one usage flag per parameter
+    flags_at: int
+    ready: int = 0
+    work: Work | None = None
+    filled: set[int] = field(default_factory=set)  # indices (in params) with a gradient
+
+
+class DistributedGradients:
+    """Averages a module's gradients over every process of a strategy, overlapping backward.
+
+    >>> grads = DistributedGradients(model, strategy)          # doctest: +SKIP
+    >>> broadcast_module(model, strategy)                      # same start everywhere
+    >>> loss_fn(model(x), y).backward()                        # buckets start as grads are ready
+    >>> grads.synchronize()                                    # p.grad = the mean, in place
+    >>> optimizer.step(); optimizer.zero_grad()
+
+    Contract:
+
+    - ``strategy`` (default: the current one) must have one replica per process (see
+      :func:`group_of`); the collectives run on ``strategy.extended.collective_group`` and keep
+      one order with the strategy's own calls. Every rank must build it over the same module
+      structure and run the same steps (same backward/synchronize sequence).
+    - One ``synchronize()`` per backward (outside :meth:`no_sync`). A second backward before
+      ``synchronize()`` raises ``RuntimeError`` from the hook (use :meth:`no_sync` to
+      accumulate); ``synchronize()`` without a backward averages whatever ``p.grad`` holds.
+    - Results are bitwise identical on every rank (the collectives' contract), written into the
+      existing ``p.grad`` tensors; the module's parameters are never touched.
+    - ``synchronize(timeout)`` waits at most ``timeout`` seconds per bucket
+      (:class:`~cluster.errors.CollectiveTimeoutError`); each collective also has the group's
+      deadline (``CommunicationOptions.timeout_seconds``). A failed collective raises the
+      group's typed error (naming the peer and the call).
+    - Unused parameters and accumulation: see the module docstring.
+    - :meth:`remove` takes the hooks off (also on leaving a ``with`` block).
+    """
+
+    def __init__(self, module: torch.nn.Module, strategy: Any = None, *,
+                 bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"DistributedGradients takes a torch.nn.Module, got "
+                            f"{type(module).__name__}")
+        for name, value in (("bucket_cap_mb", bucket_cap_mb),
+                            ("first_bucket_mb", first_bucket_mb)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"DistributedGradients: {name} must be > 0, got {value!r}")
+        self._group = group_of(strategy, "DistributedGradients")
+        params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
+        if not params:
+            raise ValueError("DistributedGradients: the module has no parameter that requires "
+                             "grad")
+        devices = {p.device.type for p in params}
+        if devices != {"cpu"}:
+            raise ValueError(f"DistributedGradients: parameters must be on the CPU (got "
+                             f"{sorted(devices)}); GPU tensors go through the collectives' "
+                             "NCCL path with get_replica_context().all_reduce")
+        plan = bucket_plan([(p.dtype, p.numel() * p.element_size()) for p in params],
+                           int(bucket_cap_mb * _MB), int(first_bucket_mb * _MB))
+        self._buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position)
+        for b, indices in enumerate(plan):
+            members = [params[i] for i in indices]
+            offsets, total = [], 0
+            for position, p in enumerate(members):
+                offsets.append(total)
+                total += p.numel()
+                self._where[id(p)] = (b, position)
+            flat = torch.zeros(total + len(members), dtype=members[0].dtype)
+            self._buckets.append(_Bucket(members, offsets, flat, total))
+        self._next = 0  # the first bucket not started this step
+        self._syncing = True
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    # -- public ----------------------------------------------------------------------------------
+
+    @property
+    def buckets(self) -> list[list[torch.nn.Parameter]]:
+        """The parameters of each bucket, in the order the buckets are reduced."""
+        return [list(b.params) for b in self._buckets]
+
+    @property
+    def started(self) -> int:
+        """How many buckets of the current step have started their all-reduce (during backward,
+        before :meth:`synchronize`: the overlap)."""
+        return self._next
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally and start no collective."""
+        previous, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = previous
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Start the buckets not started yet, wait for all, write the means into ``p.grad``.
+
+        Raises the collective's error (the group's typed errors), or
+        :class:`~cluster.errors.CollectiveTimeoutError` after ``timeout`` seconds on a bucket.
+        """
+        try:
+            for bucket in self._buckets[self._next:]:
+                for position, p in enumerate(bucket.params):
+                    if position not in bucket.filled:
+                        self._fill(bucket, position, p.grad)
+            self._start_ready()
+            for bucket in self._buckets:
+                assert bucket.work is not None
+                self._write_back(bucket, bucket.work.wait(timeout))
+        finally:
+            self._reset()
+
+    wait = synchronize
+
+    def remove(self) -> None:
+        """Take the hooks off the parameters (the object is unusable afterwards)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self) -> DistributedGradients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # -- the hooks and the buckets ---------------------------------------------------------------
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._syncing:
+            return
+        b, position = self._where[id(p)]
+        bucket = self._buckets[b]
+        if position in bucket.filled:
+            raise RuntimeError(
+                "DistributedGradients: a second backward reached a parameter before "
+                "synchronize(); call synchronize() after every backward, or accumulate "
+                "gradients inside no_sync()")
+        self._fill(bucket, position, p.grad)
+        if bucket.ready == len(bucket.params):
+            self._start_ready()
+
+    def _fill(self, bucket: _Bucket, position: int, grad: torch.Tensor | None) -> None:
+        """Copy ``grad`` (zeros when None) into the bucket; its flag says whether it existed."""
+        p = bucket.params[position]
+        start, n = bucket.offsets[position], p.numel()
+        with torch.no_grad():
+            if grad is None:
+                bucket.flat[start:start + n].zero_()
+            else:
+                bucket.flat[start:start + n].copy_(grad.reshape(-1))
+            bucket.flat[bucket.flags_at + position] = 0 if grad is None else 1
+        bucket.filled.add(position)
+        bucket.ready += 1
+
+    def _start_ready(self) -> None:
+        """Start every complete bucket from ``_next`` on, in bucket order."""
+        while self._next < len(self._buckets):
+            bucket = self._buckets[self._next]
+            if bucket.ready < len(bucket.params):
+                return
+            bucket.work = self._group.all_reduce_async(bucket.flat, ReduceOp.MEAN)
+            self._next += 1
+
+    def _write_back(self, bucket: _Bucket, mean: torch.Tensor) -> None:
+        with torch.no_grad():
+            flags = mean[bucket.flags_at:]
+            for position, p in enumerate(bucket.params):
+                if not flags[position] > 0:
+                    continue  # no rank had a gradient: leave p.grad as it is
+                start, n = bucket.offsets[position], p.numel()
+                value = mean[start:start + n].view(p.shape)
+                if p.grad is None:
+                    p.grad = value.clone()
+                else:
+                    p.grad.copy_(value)
+
+    def _reset(self) -> None:
+        for bucket in self._buckets:
+            bucket.ready = 0
+            bucket.work = None
+            bucket.filled.clear()
+        self._next = 0

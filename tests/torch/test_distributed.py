@@ -1,0 +1,189 @@
+"""cluster.torch over two real processes (MultiWorkerMirroredStrategy, one replica each):
+broadcast of the initial state, bucketed gradient averaging overlapped with backward, unused
+parameters, no_sync accumulation, the optimizer-state broadcast, and a checkpoint written by the
+chief that every task restores and plain torch loads.
+
+One process group does every check (each spawned process imports torch: seconds per process on
+a loaded machine)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from cluster.testing import run_group
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+def _net():
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            # Registered first, so reduced last (buckets go in reverse order): the buckets of
+            # the used layers can start during backward.
+            self.never = nn.Linear(6, 4)  # no rank uses it
+            self.branch = nn.Linear(16, 4)  # only rank 1 uses it
+            self.fc1 = nn.Linear(6, 16)
+            self.norm = nn.BatchNorm1d(16)  # buffers: running stats, an int64 counter
+            self.fc2 = nn.Linear(16, 4)
+
+        def forward(self, x, use_branch: bool):
+            h = torch.relu(self.norm(self.fc1(x)))
+            out = self.fc2(h)
+            return out + self.branch(h) if use_branch else out
+
+    return Net()
+
+
+def _grads(model):
+    return [None if p.grad is None else p.grad.detach().clone().numpy()
+            for p in model.parameters()]
+
+
+def _ranks(transport, directory: str):
+    import torch
+
+    import cluster
+    import cluster.torch as ct
+    from cluster.checkpoint import Checkpoint
+    from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+    torch.set_num_threads(1)
+    rank = transport.rank
+    strategy = MultiWorkerMirroredStrategy._from_transport(
+        transport, devices=["/cpu:0"],
+        communication_options=cluster.CommunicationOptions(timeout_seconds=60))
+    out: dict = {"rank": rank}
+    torch.manual_seed(rank)  # every rank starts from different values...
+    model = _net()
+    ct.broadcast_module(model, strategy)  # ...and the broadcast makes them rank 0's
+    out["initial"] = [t.detach().clone().numpy() for t in model.state_dict().values()]
+    grads = ct.DistributedGradients(model, strategy, bucket_cap_mb=0.0003, first_bucket_mb=0.0002)
+    out["buckets"] = len(grads.buckets)
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    x1, x2 = torch.randn(8, 6, generator=gen), torch.randn(8, 6, generator=gen)
+    use_branch = rank == 1
+
+    # This rank's own gradients (no collective inside no_sync), then the averaged ones.
+    with grads.no_sync():
+        model(x1, use_branch).square().mean().backward()
+    out["local"] = _grads(model)
+    model.zero_grad()  # grads None: the averaged ones are new tensors, then written in place
+    model(x1, use_branch).square().mean().backward()
+    out["started_in_backward"] = grads.started
+    pointers = [None if p.grad is None else p.grad.data_ptr() for p in model.parameters()]
+    grads.synchronize()
+    out["in_place"] = all(ptr is None or p.grad.data_ptr() == ptr  # None: made by synchronize
+                          for ptr, p in zip(pointers, model.parameters(), strict=True))
+    out["synced"] = _grads(model)
+
+    # Accumulation: two micro-batches, one synchronize.
+    model.zero_grad()
+    with grads.no_sync():
+        model(x1, use_branch).square().mean().backward()
+    model(x2, use_branch).square().mean().backward()
+    grads.synchronize()
+    out["accumulated"] = _grads(model)
+    model.zero_grad()
+    with grads.no_sync():
+        model(x1, use_branch).square().mean().backward()
+        model(x2, use_branch).square().mean().backward()
+    out["local_accumulated"] = _grads(model)
+
+    # Optimizer state: rank 0 has stepped, rank 1 is fresh (another lr): rank 0's everywhere.
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01 if rank == 0 else 0.5)
+    if rank == 0:  # e.g. resumed alone: its model and optimizer state go to every rank
+        optimizer.step()
+    ct.broadcast_module(model, strategy)
+    ct.broadcast_optimizer_state(optimizer, strategy)
+    state = optimizer.state_dict()
+    out["lr"] = state["param_groups"][0]["lr"]
+    out["opt_state"] = {f"{i}/{k}": v.clone().numpy() for i, s in state["state"].items()
+                        for k, v in s.items()}
+
+    out["final"] = [t.detach().clone().numpy() for t in model.state_dict().values()]
+
+    # Checkpoint: every task saves (the chief writes), every task restores into fresh objects.
+    path = os.path.join(directory, "ckpt")
+    Checkpoint(model=ct.StateDict(model, strategy),
+               optimizer=ct.StateDict(optimizer, strategy)).write(path)
+    fresh = _net()
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1.0)
+    Checkpoint(model=ct.StateDict(fresh, strategy),
+               optimizer=ct.StateDict(fresh_opt, strategy)).read(path)
+    out["restored_model"] = all(torch.equal(a, b) for a, b in
+                                zip(model.state_dict().values(), fresh.state_dict().values(),
+                                    strict=True))
+    restored = fresh_opt.state_dict()
+    out["restored_optimizer"] = (
+        restored["param_groups"][0]["lr"] == 0.01
+        and all(torch.equal(restored["state"][i][k], v)
+                for i, s in state["state"].items() for k, v in s.items()))
+
+    # A second backward before synchronize is refused (the hook raises through backward).
+    model(x1, use_branch).square().mean().backward()
+    try:
+        model(x1, use_branch).square().mean().backward()
+        out["twice"] = None
+    except RuntimeError as e:
+        out["twice"] = str(e)
+    grads.synchronize()  # every rank alike: the group goes on
+    grads.remove()
+    return out
+
+
+def test_two_processes_train_like_ddp(tmp_path):
+    outcomes = run_group(_ranks, 2, args=(os.fspath(tmp_path),), timeout=240)
+    assert all(o.ok for o in outcomes), [(o.error_type, o.error, o.traceback) for o in outcomes]
+    r0, r1 = (o.result for o in outcomes)
+
+    for a, b in zip(r0["initial"], r1["initial"], strict=True):  # broadcast: bitwise rank 0's
+        assert np.array_equal(a, b)
+    assert r0["buckets"] >= 3
+    assert r0["started_in_backward"] >= 1  # overlap: buckets started before synchronize
+    assert r0["in_place"] and r1["in_place"]
+
+    names = [n for n, _ in _net().named_parameters()]
+    for i, name in enumerate(names):
+        s0, s1 = r0["synced"][i], r1["synced"][i]
+        if name.startswith("never"):  # no rank had a gradient: left None everywhere
+            assert s0 is None and s1 is None
+            continue
+        assert np.array_equal(s0, s1), name  # bitwise identical replicas
+        l0 = r0["local"][i] if r0["local"][i] is not None else np.zeros_like(s0)
+        l1 = r1["local"][i]
+        np.testing.assert_allclose(s0, (l0 + l1) / 2, rtol=0, atol=1e-7, err_msg=name)
+        if name.startswith("branch"):  # rank 0 had none: it counts as zero, as in DDP
+            assert r0["local"][i] is None
+            np.testing.assert_allclose(s0, l1 / 2, rtol=0, atol=1e-7)
+        a0, a1 = r0["accumulated"][i], r1["accumulated"][i]
+        assert np.array_equal(a0, a1), name
+        la0 = r0["local_accumulated"][i]
+        la0 = np.zeros_like(a0) if la0 is None else la0
+        np.testing.assert_allclose(a0, (la0 + r1["local_accumulated"][i]) / 2, rtol=0,
+                                   atol=1e-6, err_msg=name)
+
+    assert r0["lr"] == r1["lr"] == 0.01
+    assert r0["opt_state"] and r0["opt_state"].keys() == r1["opt_state"].keys()
+    for key, value in r0["opt_state"].items():
+        assert np.array_equal(value, r1["opt_state"][key]), key
+    assert r0["restored_model"] and r1["restored_model"]
+    assert r0["restored_optimizer"] and r1["restored_optimizer"]
+    assert "no_sync" in r0["twice"] and "no_sync" in r1["twice"]
+
+    # The chief wrote one checkpoint; plain torch loads the model from it.
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    tensors = safetensors_torch.load_file(os.fspath(tmp_path / "ckpt" / "tensors.safetensors"))
+    model = _net()
+    model.load_state_dict({k.removeprefix("model/"): v for k, v in tensors.items()
+                           if k.startswith("model/")})
+    for value, a, b in zip(model.state_dict().values(), r0["final"], r1["final"], strict=True):
+        assert np.array_equal(a, b) and np.array_equal(value.numpy(), a)
