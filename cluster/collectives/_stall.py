@@ -18,6 +18,11 @@ per threshold period.
 With ``CommunicationOptions(timeout_seconds=...)`` the call fails at its deadline instead, with
 :class:`~cluster.errors.CollectiveTimeoutError` naming the collective, the peer it waited for
 and its input (``... (input float32[1024])``).
+
+A peer that leaves the group cleanly (its script ended: the transport got its goodbye) while
+this task waits in a collective makes the call fail with ``PeerUnavailableError: worker:1
+finished its script while this task waited in all_reduce #12 (float32[4]): the tasks called
+different collectives``, whatever the wait noticed first (a missing message, a dead process).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from typing import Any
 
 from cluster.collectives.arena import Arena
-from cluster.errors import CollectiveTimeoutError
+from cluster.errors import CollectiveTimeoutError, PeerUnavailableError
 from cluster.timeline import describe
 from cluster.transport._mailbox import Mailbox
 
@@ -98,6 +103,14 @@ class _Watch:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         _active.discard(self)
+        if isinstance(error, PeerUnavailableError) and error.task \
+                and _departed(self._transport, error.task):
+            what = describe(self._value)
+            name = f"{self._call.kind} #{self._call.seq}" + (f" ({what})" if what else "")
+            raise PeerUnavailableError(
+                f"{error.task} finished its script while this task waited in {name}: the "
+                f"tasks called different collectives (it left the group without calling this "
+                f"one; {error})", task=error.task, address=error.address) from error
         if (isinstance(error, CollectiveTimeoutError) and self._value is not None
                 and "(input " not in str(error)):  # an inner call (the leaders) said it
             raise CollectiveTimeoutError(f"{error} (input {describe(self._value)})") from error
@@ -143,6 +156,19 @@ def waiting_for(thread: int) -> str | None:
             return None
         frame = frame.f_back
     return None
+
+
+def _departed(transport: Any, task: str) -> bool:
+    """Whether ``task`` left ``transport``'s group cleanly (a goodbye, not a loss): asked of
+    the transport, or of the one a subset transport is cut from; ``False`` where none says."""
+    for _ in range(4):  # a subset of a subset at most: no loop on a strange chain
+        departed = getattr(transport, "departed", None)
+        if callable(departed):
+            return bool(departed(task))
+        transport = getattr(transport, "_parent", None)
+        if transport is None:
+            return False
+    return False
 
 
 def _start_watchdog() -> None:
