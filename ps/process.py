@@ -17,6 +17,7 @@ import os
 import sys
 
 from cluster import _serving, exitcodes, lifecycle
+from cluster._stacks import enable_stack_dumps
 from cluster.errors import ClusterError, PeersNotReadyError
 from cluster.ps.store import VariableStore
 from cluster.transport import _malloc
@@ -56,6 +57,7 @@ def run(argv: list[str]) -> int:
         _fail(f"unexpected arguments {' '.join(argv)!r}\n{USAGE}")
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
+    enable_stack_dumps()  # SIGUSR2: clusterctl asks for the stacks before it stops a hung run
     lifecycle.install_termination_handlers(_serving.SERVING_SIGNALS)
     _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
     store = VariableStore()

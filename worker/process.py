@@ -31,6 +31,7 @@ import traceback
 from dataclasses import dataclass
 
 from cluster import _serving, exitcodes, lifecycle, runtime
+from cluster._stacks import enable_stack_dumps
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
@@ -111,6 +112,7 @@ def run(argv: list[str]) -> int:
         _fail(f"{e}\n{USAGE}")
         return exitcodes.EXIT_USAGE
     lifecycle.setup_logging()
+    enable_stack_dumps()  # SIGUSR2: clusterctl asks for the stacks before it stops a hung run
     lifecycle.install_termination_handlers(
         _serving.SERVING_SIGNALS if command.serve else (signal.SIGTERM,))
     service = WorkerService() if command.serve else None

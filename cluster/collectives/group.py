@@ -18,7 +18,7 @@ import numpy as np
 
 from cluster import timeline
 from cluster._family import Staged, is_cupy, stage, to_array
-from cluster.collectives import _jobs, _packing
+from cluster.collectives import _jobs, _packing, _stall
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
@@ -559,9 +559,11 @@ class CollectiveGroup:
                     value: Any = None) -> Iterator[Call]:
         """Number the call and start its deadline; any error inside aborts the group. The
         group's first call sets up its hosts first (failures there are that call's). The call
-        is a span of the timeline (:mod:`cluster.timeline`: ``value`` names its shape)."""
+        is a span of the timeline (:mod:`cluster.timeline`: ``value`` names its shape), watched
+        for stalls (:mod:`~cluster.collectives._stall`)."""
         with self._calls.call(kind, self._options if options is None else options) as call, \
-                timeline.collective(call, self._name, value):
+                timeline.collective(call, self._name, value), \
+                _stall.watch(call, self._name, self._transport, value):
             if not self._set_up:
                 self._set_up_hosts(call.deadline)
             yield call

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import exitcodes, lifecycle
+from cluster._stacks import DUMP_SIGNAL
 from cluster.ctl import _telemetry, policy
 from cluster.ctl._output import Console
 from cluster.ctl._task_process import TaskProcess
@@ -57,6 +58,7 @@ from cluster.settings import (
 __all__ = ["Attempt", "Outcome", "SignalPipe"]
 
 _START_THREADS = 16  # processes being started at once (see Attempt._start_all)
+_STACK_DUMP_WAIT = 1.0  # seconds from asking tasks for their stacks to SIGTERM (timeouts.run)
 _PIPE_DRAIN = 1.0  # seconds to wait for output after every task exited (an escaped grandchild)
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the worker/ and ps/ packages
 
@@ -129,6 +131,7 @@ class Attempt:
         self.exits: list[policy.TaskExit] = []
         self.phase = policy.Phase.RUNNING
         self.kill_deadline: Deadline | None = None
+        self.dump_deadline: Deadline | None = None  # timeouts.run: stacks asked for, then stop
         self.wind_down: Deadline | None = None
         self.interrupted: int | None = None
         self.timed_out = False
@@ -305,6 +308,21 @@ class Attempt:
         if self.kill_deadline is None:
             self.kill_deadline = Deadline.after(self.spec.timeouts.grace)
 
+    def _ask_for_stacks(self) -> None:
+        """The run is over time: every running task writes its Python stacks to its log
+        (``SIGUSR2``, :mod:`cluster._stacks`), then, :data:`_STACK_DUMP_WAIT` later, the tasks
+        are stopped. The signal goes to the task's own process, not its group: a child that
+        did not register the dump would die of it."""
+        running = [t for t in self.tasks if t.running and not t.stopped]
+        if running:
+            self.console.info(f"the run exceeded timeouts.run = {self.spec.timeouts.run:g} s: "
+                              "asking every task for its Python stacks (in its log)")
+        for task in running:
+            if task.proc is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(task.proc.pid, DUMP_SIGNAL)
+        self.dump_deadline = Deadline.after(_STACK_DUMP_WAIT if running else 0.0)
+
     def _kill_all(self) -> None:
         for task in self.tasks:
             if task.running:
@@ -377,7 +395,8 @@ class Attempt:
 
     def _deadlines(self, run_deadline: Deadline) -> float | None:
         candidates = [run_deadline] if self.phase is policy.Phase.RUNNING else []
-        candidates += [d for d in (self.kill_deadline, self.wind_down) if d is not None]
+        candidates += [d for d in (self.kill_deadline, self.wind_down, self.dump_deadline)
+                       if d is not None]
         candidates += [t.restart_at for t in self.tasks if t.restart_at is not None]
         timeouts = [d.timeout() for d in candidates]
         finite = [t for t in timeouts if t is not None]
@@ -387,6 +406,9 @@ class Attempt:
         if self.phase is policy.Phase.RUNNING and run_deadline.expired:
             self.timed_out = True
             self.phase = policy.Phase.FAILED
+            self._ask_for_stacks()
+        if self.dump_deadline is not None and self.dump_deadline.expired:
+            self.dump_deadline = None
             self._stop_all(f"the run exceeded timeouts.run = {self.spec.timeouts.run:g} s")
         for task in self.tasks:
             if task.restart_at is None:

@@ -40,6 +40,7 @@ from cluster.deadline import Deadline
 from cluster.errors import PeersNotReadyError, PeerUnavailableError
 from cluster.transport._grpc_errors import fails_at_connect, status_name, translate
 from cluster.transport._pb import coordination_pb2
+from cluster.transport._still_waiting import StillWaiting, describe_unregistered
 from cluster.transport.auth import Token
 from cluster.transport.membership import (
     Event,
@@ -310,6 +311,7 @@ class CoordinationClient:
             cluster_digest=self._digest)
         status = "no answer"
         host = host_of(self.address)
+        still = StillWaiting(self.me, deadline)
         while True:
             # Dial only once the name resolves (a pod not published yet is "not ready").
             if not peer_names.resolves(host, timeout=min(1.0, deadline.remaining())):
@@ -328,6 +330,7 @@ class CoordinationClient:
                 raise PeersNotReadyError(
                     f"{self.me}: the coordination service {self._peer()} never answered "
                     f"[{status}]", missing=[(self.coordinator, self.address, status)])
+            still.tick(lambda status=status: f"the coordination service {self._peer()} [{status}]")
             self._stopping.wait(min(0.1, deadline.remaining()))
         with self._lock:
             self._last_answer = time.monotonic()
@@ -346,6 +349,7 @@ class CoordinationClient:
         """
         wanted = set(tasks)
         self._tasks = max(self._tasks, len(tasks) + 1)
+        still = StillWaiting(self.me, deadline)  # a line every few seconds: whom we wait for
         with self._changed:
             while True:
                 if self._lost is not None:
@@ -362,7 +366,8 @@ class CoordinationClient:
                     listed = tuple(t for t in tasks if t in known[0])
                     # More are missing than a reply lists: which of ``tasks`` is unknown.
                     return listed or (tuple(tasks) if known[1] > len(known[0]) else ())
-                self._changed.wait(deadline.timeout())
+                still.tick(lambda: describe_unregistered(list(tasks), self._unregistered))
+                self._changed.wait(still.timeout(deadline.timeout()))
 
     # -- the heartbeat thread -------------------------------------------------------------------
 

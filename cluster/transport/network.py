@@ -364,6 +364,11 @@ class NetworkTransport(Transport):
             f"{peer} left the group (closed its transport) while this rank still expected data "
             "from it", task=peer.task, address=peer.address))
 
+    def departed(self, task: str) -> bool:
+        """Whether ``task`` left the group cleanly (its goodbye came: it closed its transport,
+        e.g. because its script ended), as opposed to being lost."""
+        return any(self._peers[r].task == task for r in tuple(self._departed))
+
     def _tcp_departed(self, src: int, lost: str) -> None:
         if lost:  # it left because it lost ``lost``: so have we
             peer = self._peers[src]

@@ -1,0 +1,21 @@
+"""Test task: one all-reduce on every task, then a second one on worker:0 only (a stall).
+
+The others wait (never finishing their script, which would be a departure, not a stall) until
+the test kills them.
+"""
+
+import threading
+
+import numpy as np
+
+import cluster.runtime
+from cluster.collectives import CollectiveGroup, CommunicationOptions
+
+rt = cluster.runtime.current() or cluster.runtime.start()
+group = CollectiveGroup(rt.collective_transport(), settings=rt.settings.collectives)
+group.all_reduce(np.ones(4, np.float32))
+print(f"{rt.task} first all_reduce done", flush=True)
+if rt.task == "worker:0":
+    group.all_reduce(np.ones(1024, np.float32), options=CommunicationOptions(timeout_seconds=60))
+else:
+    threading.Event().wait(60)
