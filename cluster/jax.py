@@ -43,7 +43,7 @@ __all__ = ["all_reduce_tree", "broadcast_tree"]
 
 def all_reduce_tree(tree: Any, strategy: Any = None, op: ReduceOp | str = ReduceOp.MEAN, *,
                     options: CommunicationOptions | None = None) -> Any:
-    """``op`` (SUM, MEAN, MIN, MAX, PRODUCT) of every leaf of ``tree``, in one collective.
+    """``op`` (SUM, MEAN, MAX, MIN) of every leaf of ``tree``, in one collective.
 
     Returns a pytree of the same structure (``jax.tree_util``) whose leaves are ``jax.Array``
     in each leaf's dtype (as ``jax.numpy.asarray`` makes them), bitwise identical on every
