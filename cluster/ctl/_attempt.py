@@ -74,6 +74,8 @@ class Outcome:
     timed_out: bool = False
 
 
+_TRACEBACK = "Traceback (most recent call last):"  # how Python starts a printed traceback
+
 class SignalPipe:
     """SIGINT/SIGTERM recorded and turned into a readable fd for the selector."""
 
@@ -197,6 +199,15 @@ class Attempt:
     # -- events ------------------------------------------------------------------------------
 
     def _show(self, task: TaskProcess, lines: list[str], partial: str = "") -> None:
+        if task.secondary is None:
+            # One read may carry what the task printed before it failed and the start of its
+            # traceback (the worker writes its record, then prints the traceback): the lines
+            # before the traceback are ordinary output and reach the console either way.
+            cut = next((i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)),
+                       len(lines))
+            for line in lines[:cut]:
+                self.console.task_line(task.name, line)
+            lines = lines[cut:]
         self._check_secondary(task)
         if task.secondary is not None:
             return  # in its log: the console had its one line
