@@ -105,8 +105,9 @@ def test_a_killed_worker_has_its_functions_rerun_and_is_used_again(ps_cluster, t
     cluster = ps_cluster(workers=2, ps=2)
     ready, back = tmp_path / "ready", tmp_path / "back"
     thread = _when_ready(ready, _kill_and_restart(cluster, "worker:0", back))
-    # The chief gives the coordinator 45 s from the moment the new worker:0 listens (`back`) to
-    # use it: that bounds the product's recovery, not the machine's process start-up time.
+    # The chief writes `ready` (the kill follows) only once worker:0 finished a function, so its
+    # first process served; it then gives the coordinator 45 s from the moment the new worker:0
+    # listens (`back`) to use it: that bounds the product's recovery, not process start-up.
     code, output, result = cluster.run_chief(
         "linear.py", "--mode", "async", "--steps", "40", "--slow", "0.1", "--ready", str(ready),
         "--until-restarted", "worker:0", "--restarted", str(back), timeout=240)
