@@ -245,6 +245,13 @@ class CollectiveAllReduce(CrossDeviceOps):
             out.append(_per_replica(total, components))
         return out
 
+    def reduce_and_update(self, grads: Sequence[np.ndarray], targets: Sequence[np.ndarray],
+                          update: Any, options: CommunicationOptions | None = None) -> None:
+        """SUM of each gradient (one local replica's) over the group, applied by the elementwise
+        ``update(target, summed)`` to its target where each reduction completes:
+        :meth:`CollectiveGroup.all_reduce_apply`."""
+        self._group.all_reduce_apply(grads, targets, update, ReduceOp.SUM, options=options)
+
     def _local_total(self, op: ReduceOp, components: Components,
                      options: CommunicationOptions | None) -> Any:
         """``op`` over one value's local components, fresh (one replica: a copy)."""

@@ -13,7 +13,8 @@ which apply the same rule there, next to the slots they keep.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,11 @@ class Optimizer:
 
     def _distributed_apply(self, strategy: Any, pairs: list, aggregate: bool) -> int:
         self._check_strategy(strategy, [v for _, v in pairs])
+        fused = self._fused_update()
+        if aggregate and not strategy._is_default and fused is not None \
+                and strategy.extended._reduce_and_update(pairs, fused):
+            self.iterations += 1  # the update ran inside the reduction, once per element
+            return self.iterations
         grads = [g for g, _ in pairs]
         if aggregate and not strategy._is_default:
             grads = strategy.extended.batch_reduce_to("SUM", [(g, v) for g, v in pairs])
@@ -140,6 +146,12 @@ class Optimizer:
     def _slot_names(self) -> tuple[str, ...]:
         return ()
 
+    def _fused_update(self) -> Callable[[np.ndarray, np.ndarray], None] | None:
+        """The update as an elementwise rule on one flat part of a variable and its summed
+        gradient, with no slots, that a reduction may fuse (see
+        :mod:`cluster.collectives.epilogue`); ``None`` when this optimizer has none."""
+        return None
+
     def _update_rule(self) -> OptimizerSpec:
         """This optimizer's rule as a parameter server applies it (``TypeError`` if none)."""
         raise TypeError(f"no parameter-server rule for optimizer {type(self).__name__}")
@@ -161,6 +173,10 @@ def _grad_array(variable: Variable, grad: Any) -> Any:
     return array.astype(value.dtype, copy=False)
 
 
+def _sgd_part(value: np.ndarray, grad: np.ndarray, *, learning_rate: float) -> None:
+    sgd_update(value, grad, None, learning_rate=learning_rate, momentum=0.0, nesterov=False)
+
+
 class SGD(Optimizer):
     """Gradient descent with optional (Nesterov) momentum, Keras' rule:
 
@@ -176,6 +192,11 @@ class SGD(Optimizer):
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
+
+    def _fused_update(self) -> Callable[[np.ndarray, np.ndarray], None] | None:
+        if self.momentum:
+            return None  # a slot per element: every rank must update its own copy
+        return functools.partial(_sgd_part, learning_rate=self.learning_rate)
 
     def _update_rule(self) -> OptimizerSpec:
         return OptimizerSpec.sgd(self.learning_rate, self.momentum, self.nesterov)

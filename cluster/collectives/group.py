@@ -23,9 +23,16 @@ from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
 from cluster.collectives.arena import ArenaLayout
+from cluster.collectives.epilogue import Update, apply_whole, check_apply
 from cluster.collectives.hierarchy import HostCollectives
 from cluster.collectives.network import NetworkCollectives
-from cluster.collectives.ops import ReduceOp, check_reducible, finalize
+from cluster.collectives.ops import (
+    ReduceOp,
+    check_int,
+    check_plain_dtype,
+    check_reducible,
+    finalize,
+)
 from cluster.collectives.options import (
     CollectivePath,
     CollectiveSettings,
@@ -91,20 +98,10 @@ class CollectiveGroup:
       aborts the group on every rank; the transport then stays failed and later calls raise at
       once. Input is validated before the collective starts (:mod:`~cluster.collectives._jobs`):
       an input every rank rejects raises ``TypeError``/``ValueError`` there and keeps the group.
-    - Path (:func:`~cluster.collectives.route.choose_route`). Ranks that share a host
-      (:mod:`~cluster.collectives.topology`, set up by the group's first collective) talk
-      through shared memory (:mod:`~cluster.collectives.shared_memory`). A group on one host
-      runs every collective there; across hosts, all-reduces are hierarchical (reduce inside
-      each host, the network ring across one leader per host, broadcast inside:
-      :mod:`~cluster.collectives.hierarchy`) and the other collectives use the network
-      (:mod:`~cluster.collectives.network`). ``implementation=RING`` (group or call options),
-      ``settings.path=NETWORK`` or a forced ``settings.algorithm`` (``CLUSTER_COLLECTIVE_PATH``
-      / ``CLUSTER_COLLECTIVE_ALGORITHM`` through :class:`cluster.settings.TaskSettings`) put
-      everything on the network.
-    - Network algorithm (:func:`~cluster.collectives.route.network_algorithm`): recursive
-      doubling below ``small_message_bytes``, the pipelined ring above it;
-      ``implementation=RING`` always uses the ring, and ``settings.algorithm``
-      (``RING``/``DOUBLING``) overrides both.
+    - Path and algorithm: :mod:`~cluster.collectives.route`. Co-located ranks use shared
+      memory (:mod:`~cluster.collectives.shared_memory`); across hosts all-reduces are
+      hierarchical (:mod:`~cluster.collectives.hierarchy`), the rest use the network
+      (:mod:`~cluster.collectives.network`: recursive doubling or the ring).
     - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
       ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms.
     """
@@ -133,11 +130,11 @@ class CollectiveGroup:
             raise TypeError(f"settings must be a CollectiveSettings, got {settings!r}")
         if not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {options!r}")
-        _check_int("small_message_bytes", small_message_bytes, minimum=0)
-        _check_int("chunk_bytes", chunk_bytes, minimum=1)
-        _check_int("shm_round_bytes", shm_round_bytes, minimum=64)
+        check_int("small_message_bytes", small_message_bytes, minimum=0)
+        check_int("chunk_bytes", chunk_bytes, minimum=1)
+        check_int("shm_round_bytes", shm_round_bytes, minimum=64)
         if shm_whole_bytes is not None:
-            _check_int("shm_whole_bytes", shm_whole_bytes, minimum=0)
+            check_int("shm_whole_bytes", shm_whole_bytes, minimum=0)
         if shm_round_bytes % 64:
             raise ValueError(f"shm_round_bytes must be a multiple of 64, got {shm_round_bytes}")
         self._transport = transport
@@ -257,6 +254,30 @@ class CollectiveGroup:
         results. Do not modify the values until the work is done."""
         return self._submit("all_reduce_many", self._all_reduce_many_job(values, op, options))
 
+    def all_reduce_apply(
+        self,
+        values: Sequence[Any],
+        targets: Sequence[np.ndarray],
+        update: Update,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        options: CommunicationOptions | None = None,
+    ) -> None:
+        """``update(targets[i], all_reduce(values[i]))`` for every ``i``, in one collective.
+
+        ``update`` is elementwise and each target a writeable C-contiguous NumPy array of its
+        value's shape and dtype, the same bytes on every rank (a mirrored parameter): see
+        :mod:`~cluster.collectives.epilogue`. Every rank ends with the bytes the unfused update
+        gives; lone values are updated once in the group. Values are never written.
+        """
+        def prepare() -> Prepared:
+            parsed = ReduceOp.parse(op)
+            arrays, flat = check_apply(values, targets, update)
+            return (lambda call: self._all_reduce_apply_impl(call, arrays, flat, parsed, update),
+                    identity)
+
+        self._stream.run(self._job("all_reduce_apply", options, prepare, values))
+
     def all_gather(
         self, value: Any, axis: int = 0, *, options: CommunicationOptions | None = None
     ) -> Any:
@@ -268,7 +289,7 @@ class CollectiveGroup:
         def prepare() -> Prepared:
             staged = stage(value, "all_gather")
             array = staged.array
-            _check_plain_dtype(array.dtype, "all_gather")
+            check_plain_dtype(array.dtype, "all_gather")
             if array.ndim == 0:
                 raise ValueError(
                     "all_gather needs a value of rank >= 1 (as tf.distribute does); gather "
@@ -300,7 +321,7 @@ class CollectiveGroup:
                     f"broadcast root {root} is not a rank of this group (0..{self.world_size - 1})"
                 )
             staged = stage(value, "broadcast")
-            _check_plain_dtype(staged.array.dtype, "broadcast")
+            check_plain_dtype(staged.array.dtype, "broadcast")
             return (lambda call: self._broadcast_impl(call, staged.array, int(root)),
                     staged.restore)
 
@@ -356,8 +377,8 @@ class CollectiveGroup:
         return self._job("all_reduce", options, prepare, value)
 
     def _cupy_all_reduce(self, call: Call, value: Any, op: ReduceOp) -> Any:
-        route = self._device_route(call)
-        if route is not None:
+        route = self._route(call, "all_reduce")
+        if self._shm is not None and route is not Route.NETWORK:  # NCCL inside the host
             return self._host_path().device_all_reduce(call, route, value, op)
         staged = stage(value, "all_reduce")
         return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
@@ -438,6 +459,20 @@ class CollectiveGroup:
         if route is not Route.NETWORK:
             return self._host_path().all_reduce_many(call, route, arrays, owned, plan, op)
         return self._network.all_reduce_many(call, arrays, owned, plan, op)
+
+    def _all_reduce_apply_impl(self, call: Call, arrays: list[np.ndarray],
+                               targets: list[np.ndarray], op: ReduceOp, update: Update) -> None:
+        if self.world_size == 1:
+            for array, target in zip(arrays, targets, strict=True):  # op of one value: itself
+                apply_whole(update, target, np.ascontiguousarray(array))
+            return
+        packs = _packing.plan_packs([(a.dtype, a.nbytes) for a in arrays],
+                                    call.options.bytes_per_pack)
+        route = self._route(call, "all_reduce")
+        if route is Route.NETWORK:
+            self._network.all_reduce_apply(call, arrays, targets, packs, op, update)
+        else:
+            self._host_path().all_reduce_apply(call, route, arrays, targets, packs, op, update)
 
     def _all_gather_impl(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         if self.world_size == 1:
@@ -533,11 +568,6 @@ class CollectiveGroup:
         assert self._hosts is not None
         return self._hosts
 
-    def _device_route(self, call: Call) -> Route | None:
-        """The route of a CuPy all-reduce that may use NCCL inside the host, else ``None``."""
-        route = self._route(call, "all_reduce")
-        return route if self._shm is not None and route is not Route.NETWORK else None
-
     def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
         """On a leader: all-reduce its host's flat total ``work`` in place across the leaders
         (the network ring, within what is left of the call's deadline), then apply MEAN's
@@ -568,14 +598,3 @@ class CollectiveGroup:
                 self._set_up_hosts(call.deadline)
             yield call
 
-
-def _check_plain_dtype(dtype: np.dtype, what: str) -> None:
-    if dtype.hasobject:
-        raise TypeError(f"{what} cannot send dtype {dtype} (Python objects); use a numeric dtype")
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")

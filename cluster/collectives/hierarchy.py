@@ -33,6 +33,7 @@ from cluster.collectives import _packing
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call
 from cluster.collectives._packing import spec
+from cluster.collectives.epilogue import Update, apply_whole
 from cluster.collectives.host_nccl import HostNccl
 from cluster.collectives.network import NetworkCollectives
 from cluster.collectives.ops import ReduceOp, check_reducible
@@ -124,6 +125,38 @@ class HostCollectives:
             if is_cupy(value):  # the device route
                 results[i] = self._device_reduce(call, route, signature, value, op)
         return results
+
+    def all_reduce_apply(self, call: Call, route: Route, arrays: list[np.ndarray],
+                         targets: list[np.ndarray], plan: list[list[int]], op: ReduceOp,
+                         update: Update) -> None:
+        """``update(targets[i], op of arrays[i])`` (NumPy, packed as ``plan`` says), in one
+        collective. A lone array on the ``LOCAL`` route large enough for the direct algorithm
+        fuses the update into it (:mod:`~cluster.collectives.epilogue`); the rest are reduced,
+        then updated by every rank."""
+        signature = (
+            f"all_reduce_apply {op.value} {_packing.describe(arrays)} "
+            f"pack={call.options.bytes_per_pack} {self.config(route)}"
+        )
+        if route is Route.HIER:
+            self._network.handshake(call, signature)
+        for indices in plan:
+            if len(indices) == 1:
+                i = indices[0]
+                src = np.ascontiguousarray(arrays[i]).reshape(-1)
+                if route is Route.LOCAL and self.shm is not None \
+                        and self.shm.algorithm(src.nbytes) == "direct":
+                    self.shm.all_reduce(call.seq, signature, src, targets[i], op,
+                                        self._world_size, call.deadline, update=update)
+                    continue
+                work = self._buffers.empty(src.size, src.dtype)
+                self._reduce(call, route, signature, src, work, op)
+                apply_whole(update, targets[i], work)
+                continue
+            members = [arrays[i] for i in indices]
+            buffer, ranges = _packing.pack(members, self._buffers.empty)
+            self._reduce(call, route, signature, buffer, buffer, op)
+            for i, (lo, hi) in zip(indices, ranges, strict=True):
+                apply_whole(update, targets[i], buffer[lo:hi])
 
     def device_all_reduce(self, call: Call, route: Route, value: Any, op: ReduceOp) -> Any:
         """A CuPy all-reduce (needs ``shm``): NCCL among the host's GPUs, host memory only at

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.collectives.ops import ReduceOp, finalize
+from cluster.collectives.ops import ReduceOp, check_int, finalize
 from cluster.errors import CollectiveAbortedError, CollectiveTimeoutError
 
 __all__ = [
@@ -201,9 +201,9 @@ class NcclComm:
         *,
         timeout_seconds: float | None = None,
     ) -> None:
-        _check_int("size", size, low=1)
-        _check_int("rank", rank, low=0)
-        _check_int("device", device, low=0)
+        check_int("size", size, minimum=1)
+        check_int("rank", rank, minimum=0)
+        check_int("device", device, minimum=0)
         if rank >= size:
             raise ValueError(f"rank {rank} is not a rank of a communicator of size {size} "
                              f"(0..{size - 1})")
@@ -234,7 +234,7 @@ class NcclComm:
             raise TypeError(f"devices must be a list of GPU ids, got {devices!r}")
         devices = list(devices)
         for d in devices:
-            _check_int("device", d, low=0)
+            check_int("device", d, minimum=0)
         if not devices or len(set(devices)) != len(devices):
             raise ValueError(f"devices must be distinct GPU ids, at least one; got {devices}")
         timeout = _check_timeout(timeout_seconds)
@@ -356,7 +356,7 @@ def _all_reduce(comms: Sequence[NcclComm], arrays: Sequence[Any], op: ReduceOp |
 
 def _broadcast(comms: Sequence[NcclComm], arrays: Sequence[Any], root: int,
                what: str) -> list[Any]:
-    _check_int("broadcast root", root, low=0)
+    check_int("broadcast root", root, minimum=0)
     if root >= comms[0].size:
         raise ValueError(f"{what} root {root} is not a rank of this communicator "
                          f"(0..{comms[0].size - 1})")
@@ -480,13 +480,6 @@ def _abort(comms: Sequence[NcclComm]) -> None:
 
 
 # -- validation ------------------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, *, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def _check_timeout(timeout: float | None) -> float | None:

@@ -22,6 +22,7 @@ from cluster.collectives._call import Call
 from cluster.collectives._exchange import Exchange
 from cluster.collectives._packing import spec
 from cluster.collectives.arena import Arena
+from cluster.collectives.epilogue import Update, apply_whole
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
 from cluster.collectives.route import algorithm_config, network_algorithm, ring_chunk_bytes
@@ -160,6 +161,40 @@ class NetworkCollectives:
         if ex is not None:
             ex.end()
         return results
+
+    def all_reduce_apply(self, call: Call, arrays: list[np.ndarray], targets: list[np.ndarray],
+                         plan: list[list[int]], op: ReduceOp, update: Update) -> None:
+        """``update(targets[i], op of arrays[i])`` (packed as ``plan`` says), in one exchange
+        (two ranks or more). A lone array on the ring fuses the update into the ring
+        (:mod:`~cluster.collectives.epilogue`); the rest are reduced, then updated by every
+        rank."""
+        signature = (
+            f"all_reduce_apply {op.value} {_packing.describe(arrays)} "
+            f"pack={call.options.bytes_per_pack} {self.algorithm_config(call.options)}"
+        )
+        ex = self.exchange(call, signature)
+        step = 0
+        for indices in plan:
+            if len(indices) == 1:
+                i = indices[0]
+                array = arrays[i]
+                if self.algorithm(array.nbytes, call.options, array.itemsize).startswith("ring"):
+                    work, source = self._buffers.output_for(array, owned=False)
+                    step = ring.all_reduce(
+                        ex, work, segments(work.size, self.world_size), op,
+                        self.ring_chunk(array.nbytes, array.itemsize), step, source=source,
+                        out=targets[i], update=update)
+                    continue
+                work, step = self._reduce_one(ex, call, array, False, op, step)
+                apply_whole(update, targets[i], work)
+                continue
+            members = [arrays[i] for i in indices]
+            buffer, ranges = _packing.pack(members, self._buffers.empty)
+            algorithm = self.algorithm(buffer.nbytes, call.options, buffer.itemsize)
+            step = self._reduce(ex, buffer, op, algorithm, first_step=step)
+            for i, (lo, hi) in zip(indices, ranges, strict=True):
+                apply_whole(update, targets[i], buffer[lo:hi])
+        ex.end()
 
     def _reduce_one(self, ex: Exchange | None, call: Call, array: np.ndarray, owned: bool,
                     op: ReduceOp, step: int) -> tuple[np.ndarray, int]:

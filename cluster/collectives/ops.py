@@ -22,6 +22,8 @@ from cluster._family import xp_of
 __all__ = [
     "SUPPORTED_DTYPES",
     "ReduceOp",
+    "check_int",
+    "check_plain_dtype",
     "check_reducible",
     "combine_into",
     "finalize",
@@ -140,3 +142,18 @@ def finalize(op: ReduceOp, acc: Any, count: int | float) -> None:
         xp.add(quotient, low.astype(acc.dtype), out=acc)
     else:
         xp.true_divide(acc, acc.dtype.type(count), out=acc)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> None:
+    """``TypeError`` unless ``value`` is an int (NumPy's too, not a bool); ``ValueError`` naming
+    ``name`` when it is below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_plain_dtype(dtype: np.dtype, what: str) -> None:
+    """``TypeError`` for a dtype holding Python objects (nothing a collective can send)."""
+    if dtype.hasobject:
+        raise TypeError(f"{what} cannot send dtype {dtype} (Python objects); use a numeric dtype")

@@ -15,6 +15,12 @@ memory cost about a quarter of the whole all-reduce on this machine.
 
 The functions take ``first_step`` so several algorithm runs can share one collective (one
 sequence number): each returns the first step number it left unused.
+
+With ``update`` (:data:`~cluster.collectives.epilogue.Update`), an all-reduce applies an
+elementwise rule instead of returning the sum: the rank that completes a segment's reduction
+applies ``update(out_chunk, reduced_chunk)`` to that chunk of ``out`` while it is still in cache,
+and the all-gather then carries ``out``'s updated chunks, not the reduced ones. Each element's
+update runs once in the group; ``work`` only holds partial sums (scratch).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cluster.collectives._exchange import Exchange
+from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import (
     Range,
@@ -46,15 +53,19 @@ def all_reduce(
     first_step: int = 0,
     *,
     source: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    update: Update | None = None,
 ) -> int:
     """Reduce across ranks into ``work`` (flat, contiguous); segments are ``bounds``.
 
     The local values are ``source`` when given (same shape as ``work``; ``work`` may then hold
-    anything on entry), else ``work`` itself (reduced in place).
+    anything on entry), else ``work`` itself (reduced in place). With ``update``, ``out`` (flat,
+    like ``work``, holding the same bytes on every rank) ends as ``update`` applied to it with
+    the reduced values, and ``work`` is scratch (see the module doc).
     """
     steps = ring_all_reduce(ex.rank, ex.size)
     return run_ring(ex, work, bounds, steps, chunk_bytes, op=op, first_step=first_step,
-                    source=source)
+                    source=source, out=out, update=update)
 
 
 def reduce_scatter(
@@ -101,6 +112,8 @@ def run_ring(
     op: ReduceOp | None,
     first_step: int = 0,
     source: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    update: Update | None = None,
 ) -> int:
     """Run ring ``steps`` (from :mod:`~cluster.collectives.schedule`) over ``work``.
 
@@ -108,8 +121,12 @@ def run_ring(
     final step (``MEAN``'s division) is applied to each chunk of the owned segment as the last
     combining step completes it, before it is gathered. ``source``, if given, holds the local
     values (see the module doc); the combining steps must then receive distinct segments.
-    Returns the next unused step number.
+    ``update`` and ``out`` (both or neither) turn the reduction into an update of ``out``: the
+    last combining step applies ``update`` to ``out``'s chunks, and the gathering steps fill
+    ``out`` instead of ``work``. Returns the next unused step number.
     """
+    if (out is None) != (update is None):
+        raise ValueError("run_ring takes out and update together")
     if not steps:
         return first_step
     # The ring's first message goes right as (0, 0) before anything blocks: the handshake.
@@ -123,6 +140,7 @@ def run_ring(
         return array[base + lo : base + hi]
 
     local = work if source is None else source
+    final = work if out is None else out  # where finished chunks live and leave from
     if source is not None:
         combined = [s.recv for s in steps if s.combine]
         assert len(combined) == len(set(combined)), "a segment would be combined twice"
@@ -131,7 +149,7 @@ def run_ring(
     for i, step in enumerate(steps):
         if not step.combine:
             for c in range(len(chunks[step.recv])):
-                ex.post(ex.left, first_step + i, c, piece(step.recv, c))
+                ex.post(ex.left, first_step + i, c, piece(step.recv, c, final))
     first = steps[0].send
     for c in range(len(chunks[first])):
         ex.send(ex.right, first_step, c, piece(first, c, local))
@@ -150,7 +168,12 @@ def run_ring(
                     combine_into(op, mine, piece(step.recv, c, source), incoming)
                 if i == last_combine:
                     finalize(op, mine, ex.size)
+                    if update is not None:  # fused: the owner updates, the gather carries it
+                        target = piece(step.recv, c, final)
+                        update(target, mine)
+                        mine = target
             else:
+                mine = piece(step.recv, c, final)
                 ex.recv_into(ex.left, first_step + i, c, mine)
             if forward:
                 ex.send(ex.right, first_step + i + 1, c, mine)

@@ -18,6 +18,10 @@ staging buffers per rank, a rank fills round ``t + 1`` while slower peers still 
 
 Inputs are never written. ``out`` may be the input itself when the caller owns it: each round
 reads the input's parts before it writes the same parts of ``out``.
+
+A direct all-reduce may fuse an update (:mod:`~cluster.collectives.epilogue`): rank ``k``
+applies it to part ``k`` of ``out`` with the values it just reduced, stages the updated part,
+and the all-gather copies updated parts instead of reduced ones.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import numpy as np
 
 from cluster.collectives.arena import Arena, progress
+from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import Range, segments
 from cluster.deadline import Deadline
@@ -70,10 +75,21 @@ class SharedMemoryCollectives:
     # -- all-reduce ------------------------------------------------------------------------------
 
     def all_reduce(self, seq: int, signature: str, src: np.ndarray, out: np.ndarray,
-                   op: ReduceOp, count: int, deadline: Deadline) -> None:
-        """``out = op(src over local ranks)`` (flat, contiguous); MEAN divides by ``count``."""
+                   op: ReduceOp, count: int, deadline: Deadline, *,
+                   update: Update | None = None) -> None:
+        """``out = op(src over local ranks)`` (flat, contiguous); MEAN divides by ``count``.
+
+        With ``update`` (direct algorithm only: see :meth:`algorithm`), ``out`` instead ends as
+        ``update(out, op(src ...))``, each part updated by the rank that reduced it; ``out``
+        must then hold the same bytes on every rank and must not be ``src``.
+        """
         self.arena.announce(seq, signature)
-        if self.algorithm(src.nbytes) == "whole":
+        if update is not None:
+            if self.algorithm(src.nbytes) != "direct" or out is src:
+                raise ValueError("a fused update needs the direct algorithm and out != src")
+            self._direct(src, out, segments(src.size, self.size), op, count, deadline,
+                         gather=True, update=update)
+        elif self.algorithm(src.nbytes) == "whole":
             self._whole(src, out, op, count, deadline)
         else:
             self._direct(src, out, segments(src.size, self.size), op, count, deadline,
@@ -100,7 +116,8 @@ class SharedMemoryCollectives:
             finalize(op, out, count)
 
     def _direct(self, src: np.ndarray, out: np.ndarray, bounds: list[Range], op: ReduceOp,
-                count: int, deadline: Deadline, *, gather: bool) -> None:
+                count: int, deadline: Deadline, *, gather: bool,
+                update: Update | None = None) -> None:
         arena, me, size = self.arena, self.rank, self.size
         itemsize = src.dtype.itemsize
         per = max(1, arena.layout.round_bytes // size // itemsize)  # items per part and round
@@ -123,7 +140,11 @@ class SharedMemoryCollectives:
                 result = mine[me][:n]
                 _reduce_in_order(op, result, operands)
                 finalize(op, result, count)
-                np.copyto(out[lo:hi], result)
+                if update is None:
+                    np.copyto(out[lo:hi], result)
+                else:  # fused: update our part while ``result`` is hot; peers copy the update
+                    update(out[lo:hi], result)
+                    np.copyto(result, out[lo:hi])
             if gather:
                 arena.post(progress(t, 2))
                 arena.wait_all(progress(t, 2), deadline)

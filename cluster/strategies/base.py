@@ -252,6 +252,35 @@ class StrategyExtended(WorkerInfo):
             out.append(r if keep else Mirrored(r) if len(r) > 1 else r[0])
         return out
 
+    def _reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
+                           options: CommunicationOptions | None = None) -> bool:
+        """SUM each gradient of ``pairs`` over every replica and apply the elementwise
+        ``update(value, summed)`` to its variable, in one collective that fuses the update into
+        the reduction (:mod:`cluster.collectives.epilogue`). Returns False, having done
+        nothing, where that does not apply: ops without a fused path, several local replicas,
+        or any gradient or variable that is not a host array of the variable's dtype and shape.
+        """
+        reduce_apply = getattr(self._cross_device_ops, "reduce_and_update", None)
+        if reduce_apply is None or self._local_count != 1:
+            return False
+        grads, targets = [], []
+        for grad, variable in pairs:
+            (g,) = self._components(grad, "SUM")
+            components = variable.values if isinstance(variable, DistributedVariable) \
+                else (variable,)
+            if len(components) != 1:
+                return False
+            target = components[0]._read()
+            if not (isinstance(g, np.ndarray) and isinstance(target, np.ndarray)
+                    and g.dtype == target.dtype and g.shape == target.shape
+                    and target.flags.c_contiguous and target.flags.writeable
+                    and not np.may_share_memory(g, target)):
+                return False
+            grads.append(g)
+            targets.append(target)
+        reduce_apply(grads, targets, update, _options(options, self._options))
+        return True
+
     def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
                group: bool = True) -> Any:
         """``fn(component, *args, **kwargs)`` for each local component of ``var`` (cross-replica
