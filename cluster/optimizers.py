@@ -174,7 +174,10 @@ def _grad_array(variable: Variable, grad: Any) -> Any:
 
 
 def _sgd_part(value: np.ndarray, grad: np.ndarray, *, learning_rate: float) -> None:
-    sgd_update(value, grad, None, learning_rate=learning_rate, momentum=0.0, nesterov=False)
+    """Keras' ``w -= lr * g`` on a part, using the reduced ``grad`` (the collective's scratch)
+    for ``-lr * g``: no temporary, and bitwise the same (``w + (-(lr g))`` is ``w - lr g``)."""
+    np.multiply(grad, -value.dtype.type(learning_rate), out=grad)
+    np.add(value, grad, out=value)
 
 
 class SGD(Optimizer):

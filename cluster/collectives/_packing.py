@@ -87,10 +87,12 @@ def describe(arrays: Sequence[np.ndarray]) -> str:
     ranks agree on it exactly when they pass the same tensors, however many there are.
     """
     digest = hashlib.blake2b(digest_size=8)
-    per_dtype: dict[str, list[int]] = {}
+    per_dtype: dict[np.dtype, list[int]] = {}
     for a in arrays:
-        digest.update(f"{a.dtype}{a.shape};".encode())
-        entry = per_dtype.setdefault(str(a.dtype), [0, 0])
+        # ``dtype.str`` (``<f4``), not ``str(dtype)``: NumPy names dtypes in Python, slowly
+        # (2 ms for ResNet-50's 161 gradients, every step).
+        digest.update(f"{a.dtype.str}{a.shape};".encode())
+        entry = per_dtype.setdefault(a.dtype, [0, 0])
         entry[0] += 1
         entry[1] += a.size
     parts = ", ".join(f"{n}x{dtype} ({elems} elements)" for dtype, (n, elems) in per_dtype.items())

@@ -14,7 +14,8 @@ The contract that makes this exact:
 
 - ``update(target, reduced)`` is elementwise: the new ``target[i]`` depends only on
   ``target[i]``, ``reduced[i]`` and constants, so applying it to parts equals applying it to
-  the whole. It writes ``target`` in place and must not keep either array.
+  the whole. It writes ``target`` in place, may use ``reduced`` as scratch (it is always the
+  collective's own buffer, never the caller's value), and must not keep either array.
 - Every rank's target holds the same bytes on entry (mirrored variables do).
 - A collective that fails part way leaves each element of the target either updated or not.
 """
@@ -33,7 +34,8 @@ from cluster.collectives.ops import check_reducible
 __all__ = ["Update", "apply_whole", "check_apply", "check_target"]
 
 Update = Callable[[np.ndarray, np.ndarray], None]
-"""``update(target_part, reduced_part)``: flat, equal-length NumPy views; updates the first."""
+"""``update(target_part, reduced_part)``: flat, equal-length NumPy views; updates the first,
+may overwrite the second (scratch)."""
 
 
 def apply_whole(update: Update, target: np.ndarray, reduced: np.ndarray) -> None:

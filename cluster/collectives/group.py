@@ -464,7 +464,7 @@ class CollectiveGroup:
                                targets: list[np.ndarray], op: ReduceOp, update: Update) -> None:
         if self.world_size == 1:
             for array, target in zip(arrays, targets, strict=True):  # op of one value: itself
-                apply_whole(update, target, np.ascontiguousarray(array))
+                apply_whole(update, target, np.array(array, order="C"))  # scratch: a copy
             return
         packs = _packing.plan_packs([(a.dtype, a.nbytes) for a in arrays],
                                     call.options.bytes_per_pack)
