@@ -18,7 +18,20 @@ A repeat is ``--steps`` timed steps after ``--warmup`` ones: steps/s = steps / w
 0 (steps are synchronous: every rank waits for the slowest). The compute time is the same step
 without communication (``no_sync()`` in both systems, on the same processes, its own repeats);
 ``comm`` = step time - compute time: what communication adds to a step after overlap. Tables
-show medians of ``--repeats`` repeats. One thread per process (``torch.set_num_threads(1)``).
+show medians of ``--rounds`` x ``--repeats`` repeats (each round: fresh processes for every
+system in turn, so load drifts hit all alike).
+
+``CPU ms/step`` and ``CPU ms/compute``: the CPU time of the whole process (every thread) per
+step, the busiest rank. Robust to load where wall time is not: on a shared 2-core machine a
+step's wall time is at least N ranks' CPU time / the cores, so the ratio of the CPU columns is
+what the steps/s ratio tends to under load. ``--phases`` adds rank 0's median ms per phase
+(forward, backward, ``synchronize()``, optimizer; DDP waits for its buckets inside backward).
+``--baseline FILE`` adds rows for another build's ``cluster/torch/_gradients.py``
+(``git show REV:cluster/torch/_gradients.py > FILE``), interleaved with ours.
+
+Threads: one intra-op thread per process in both systems (``torch.set_num_threads(1)`` before
+any compute, and ``OMP_NUM_THREADS=1`` in both environments), so N ranks on C cores compete
+alike; the collective stream (ours) and gloo's threads (DDP) come on top.
 """
 
 from __future__ import annotations
@@ -202,8 +215,8 @@ def run(system: str, n: int, config: dict) -> list[dict[str, list[float]]]:
         if system == "DDP gloo":
             (port,) = pick_free_ports("127.0.0.1", 1)
             tasks = [procs.python(script, "--rank", "ddp", json.dumps(
-                dict(config, rank=r, n=n, port=port)), cwd=REPO, name=f"gloo rank {r}")
-                for r in range(n)]
+                dict(config, rank=r, n=n, port=port)), cwd=REPO, env={"OMP_NUM_THREADS": "1"},
+                name=f"gloo rank {r}") for r in range(n)]
         else:
             spec = loopback_cluster(worker=n)
             env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
