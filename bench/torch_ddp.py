@@ -18,7 +18,20 @@ A repeat is ``--steps`` timed steps after ``--warmup`` ones: steps/s = steps / w
 0 (steps are synchronous: every rank waits for the slowest). The compute time is the same step
 without communication (``no_sync()`` in both systems, on the same processes, its own repeats);
 ``comm`` = step time - compute time: what communication adds to a step after overlap. Tables
-show medians of ``--repeats`` repeats. One thread per process (``torch.set_num_threads(1)``).
+show medians of ``--rounds`` x ``--repeats`` repeats (each round: fresh processes for every
+system in turn, so load drifts hit all alike).
+
+``CPU ms/step`` and ``CPU ms/compute``: the CPU time of the whole process (every thread) per
+step, the busiest rank. Robust to load where wall time is not: on a shared 2-core machine a
+step's wall time is at least N ranks' CPU time / the cores, so the ratio of the CPU columns is
+what the steps/s ratio tends to under load. ``--phases`` adds rank 0's median ms per phase
+(forward, backward, ``synchronize()``, optimizer; DDP waits for its buckets inside backward).
+``--baseline FILE`` adds rows for another build's ``cluster/torch/_gradients.py``
+(``git show REV:cluster/torch/_gradients.py > FILE``), interleaved with ours.
+
+Threads: one intra-op thread per process in both systems (``torch.set_num_threads(1)`` before
+any compute, and ``OMP_NUM_THREADS=1`` in both environments), so N ranks on C cores compete
+alike; the collective stream (ours) and gloo's threads (DDP) come on top.
 """
 
 from __future__ import annotations
@@ -39,7 +52,8 @@ from cluster.ctl.ports import pick_free_ports  # noqa: E402
 from cluster.testing import TaskProcessError, TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
 LINE = "TORCH_DDP_BENCH "  # a rank's result line
-PATHS = {"ours shm": "auto", "ours network": "network"}
+PATHS = {"shm": "auto", "network": "network"}
+PHASES = ("forward", "backward", "sync", "optimizer")  # --phases: where a step's time goes
 
 
 class BenchError(RuntimeError):
@@ -48,17 +62,35 @@ class BenchError(RuntimeError):
 
 # -- one rank ------------------------------------------------------------------------------------
 
-def _loop(step, steps: int, warmup: int, repeats: int) -> list[float]:
-    """Seconds of ``steps`` calls of ``step``, per repeat (after ``warmup`` untimed calls)."""
+def _loop(step, steps: int, warmup: int, repeats: int) -> tuple[list[float], float]:
+    """Seconds of ``steps`` calls of ``step``, per repeat (after ``warmup`` untimed calls), and
+    the CPU seconds of the whole process (every thread) per timed call."""
     for _ in range(warmup):
         step()
     out = []
+    cpu = time.process_time()
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
             step()
         out.append(time.perf_counter() - start)
-    return out
+    return out, (time.process_time() - cpu) / (steps * repeats)
+
+
+def _gradients_class(path: str | None):
+    """``cluster.torch.DistributedGradients``, or the one defined in the file ``path`` (another
+    build's ``_gradients.py``, for before/after comparisons: ``--baseline``)."""
+    import cluster.torch
+
+    if path is None:
+        return cluster.torch.DistributedGradients
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_gradients", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.DistributedGradients
 
 
 def _rank(system: str, config: dict) -> dict[str, list[float]]:
@@ -88,6 +120,17 @@ def _rank(system: str, config: dict) -> dict[str, list[float]]:
         def local() -> None:
             with ddp.no_sync():
                 step()
+
+        def phased() -> list[float]:
+            # DDP waits for its last bucket inside backward (the autograd engine's callback).
+            t = [time.perf_counter()]
+            loss = F.cross_entropy(ddp(x), y)
+            t.append(time.perf_counter())
+            loss.backward()
+            t += [time.perf_counter()] * 2
+            optimizer.step()
+            optimizer.zero_grad()
+            return [*t, time.perf_counter()]
         barrier = dist.barrier
     else:
         import cluster
@@ -95,7 +138,7 @@ def _rank(system: str, config: dict) -> dict[str, list[float]]:
 
         strategy = cluster.MultiWorkerMirroredStrategy()
         cluster.torch.broadcast_module(model, strategy)
-        grads = cluster.torch.DistributedGradients(model, strategy)
+        grads = _gradients_class(config.get("gradients"))(model, strategy)
         group = strategy.extended.collective_group
 
         def step() -> None:
@@ -109,14 +152,43 @@ def _rank(system: str, config: dict) -> dict[str, list[float]]:
                 F.cross_entropy(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
+
+        def phased() -> list[float]:
+            t = [time.perf_counter()]
+            loss = F.cross_entropy(model(x), y)
+            t.append(time.perf_counter())
+            loss.backward()
+            t.append(time.perf_counter())
+            grads.synchronize()
+            t.append(time.perf_counter())
+            optimizer.step()
+            optimizer.zero_grad()
+            return [*t, time.perf_counter()]
         barrier = group.barrier
     args = (config["steps"], config["warmup"], config["repeats"])
     barrier()
-    times = {"step": _loop(step, *args)}
+    times, cpu = {}, {}
+    times["step"], cpu["step"] = _loop(step, *args)
     barrier()
-    times["compute"] = _loop(local, *args)
+    times["compute"], cpu["compute"] = _loop(local, *args)
+    # CPU time per call, every thread of the process: what a step costs the machine whatever
+    # the load (on 2 cores, N ranks' threads share them: CPU time adds up, overlap or not).
+    times.update({f"cpu_{k}": [v] for k, v in cpu.items()})
+    if config.get("phases"):
+        barrier()
+        times.update(_phases(phased, config["steps"] * config["repeats"], config["warmup"]))
     barrier()
     return times
+
+
+def _phases(phased, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of each phase of ``steps`` synchronized steps (``phased`` returns the
+    ``perf_counter`` marks of one step: before forward, backward, sync, the optimizer, the end)."""
+    for _ in range(warmup):
+        phased()
+    marks = [phased() for _ in range(steps)]
+    return {f"phase:{name}": [m[i + 1] - m[i] for m in marks]
+            for i, name in enumerate(PHASES)}
 
 
 # -- the harness ---------------------------------------------------------------------------------
@@ -143,12 +215,12 @@ def run(system: str, n: int, config: dict) -> list[dict[str, list[float]]]:
         if system == "DDP gloo":
             (port,) = pick_free_ports("127.0.0.1", 1)
             tasks = [procs.python(script, "--rank", "ddp", json.dumps(
-                dict(config, rank=r, n=n, port=port)), cwd=REPO, name=f"gloo rank {r}")
-                for r in range(n)]
+                dict(config, rank=r, n=n, port=port)), cwd=REPO, env={"OMP_NUM_THREADS": "1"},
+                name=f"gloo rank {r}") for r in range(n)]
         else:
             spec = loopback_cluster(worker=n)
             env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
-                   "CLUSTER_COLLECTIVE_PATH": PATHS[system], "OMP_NUM_THREADS": "1",
+                   "CLUSTER_COLLECTIVE_PATH": PATHS[system.split()[-1]], "OMP_NUM_THREADS": "1",
                    # Importing torch can hold the GIL (and starve the heartbeat thread) for
                    # seconds on a loaded machine: gloo has no heartbeat to lose.
                    "CLUSTER_HEARTBEAT_TIMEOUT": "15"}
@@ -159,11 +231,26 @@ def run(system: str, n: int, config: dict) -> list[dict[str, list[float]]]:
 
 
 def summarize(per_rank: list[dict[str, list[float]]], steps: int) -> dict[str, float]:
-    """steps/s (rank 0's repeats: the steps are synchronous) and the split, medians."""
+    """steps/s (rank 0's repeats: the steps are synchronous) and the split, medians; with
+    ``--phases``, rank 0's median ms per phase of a step (``phase:NAME``)."""
     step = statistics.median(per_rank[0]["step"]) / steps
     compute = max(statistics.median(r["compute"]) for r in per_rank) / steps
-    return {"steps_per_s": 1.0 / step, "step_ms": step * 1e3, "compute_ms": compute * 1e3,
-            "comm_ms": max(step - compute, 0.0) * 1e3}
+    out = {"steps_per_s": 1.0 / step, "step_ms": step * 1e3, "compute_ms": compute * 1e3,
+           "comm_ms": max(step - compute, 0.0) * 1e3}
+    for name in PHASES:
+        if f"phase:{name}" in per_rank[0]:
+            out[f"phase:{name}"] = statistics.median(per_rank[0][f"phase:{name}"]) * 1e3
+    for kind in ("step", "compute"):  # the busiest rank's CPU ms per step (all threads)
+        out[f"cpu_{kind}_ms"] = max(statistics.median(r[f"cpu_{kind}"]) for r in per_rank) * 1e3
+    return out
+
+
+def _merge(into: list[dict[str, list[float]]] | None,
+           more: list[dict[str, list[float]]]) -> list[dict[str, list[float]]]:
+    """Per rank, the repeats of several rounds together."""
+    if into is None:
+        return more
+    return [{k: a[k] + b[k] for k in a} for a, b in zip(into, more, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,32 +262,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh processes per system, the systems alternating; the "
+                             "medians are over every round's repeats")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each phase of a step (forward, backward, sync, "
+                             "optimizer) on rank 0")
+    parser.add_argument("--baseline", type=Path,
+                        help="another build's cluster/torch/_gradients.py: adds 'base shm' / "
+                             "'base network' rows, interleaved with ours")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    systems = [f"ours {p}" for p in args.paths.split(",") if p] + ["DDP gloo"]
+    paths = [p for p in args.paths.split(",") if p]
+    systems = [f"ours {p}" for p in paths]
+    if args.baseline:
+        systems += [f"base {p}" for p in paths]
+    systems.append("DDP gloo")
     import torch
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU(s), batch {args.batch} rows per "
-          f"process, medians of {args.repeats} repeats x {args.steps} steps", flush=True)
-    header = ("| N | model | system | steps/s | step ms | compute ms | comm ms | "
-              "x DDP |\n|---|---|---|---|---|---|---|---|")
-    rows, lines = [], [header]
+          f"process, medians of {args.rounds} x {args.repeats} repeats x {args.steps} steps, "
+          f"load {_load()}", flush=True)
+    header = ("| N | model | system | steps/s | step ms | compute ms | comm ms | x DDP | "
+              "CPU ms/step | CPU ms/compute |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows, lines, phase_lines = [], [header], []
     for n in [int(v) for v in args.nprocs.split(",")]:
         for model in args.models.split(","):
             config = {"model": model, "batch": args.batch, "steps": args.steps,
-                      "warmup": args.warmup, "repeats": args.repeats}
-            found = {s: summarize(run(s, n, config), args.steps) for s in systems}
+                      "warmup": args.warmup, "repeats": args.repeats, "phases": args.phases}
+            raw: dict[str, list[dict[str, list[float]]] | None] = dict.fromkeys(systems)
+            for _ in range(args.rounds):
+                for system in systems:
+                    extra = ({"gradients": str(args.baseline.resolve())}
+                             if system.startswith("base") else {})
+                    raw[system] = _merge(raw[system], run(system, n, dict(config, **extra)))
+            found = {s: summarize(r, args.steps) for s, r in raw.items()}
             ddp = found["DDP gloo"]["steps_per_s"]
             for system, r in found.items():
                 rows.append(dict(r, n=n, model=model, system=system))
                 lines.append(f"| {n} | {model} | {system} | {r['steps_per_s']:.2f} | "
                              f"{r['step_ms']:.1f} | {r['compute_ms']:.1f} | {r['comm_ms']:.1f} "
-                             f"| {r['steps_per_s'] / ddp:.2f}x |")
+                             f"| {r['steps_per_s'] / ddp:.2f}x | {r['cpu_step_ms']:.1f} | "
+                             f"{r['cpu_compute_ms']:.1f} |")
                 print(lines[-1], flush=True)
+                if args.phases:
+                    phase_lines.append(f"| {n} | {model} | {system} | " + " | ".join(
+                        f"{r['phase:' + p]:.1f}" for p in PHASES) + " |")
     print("\n".join(lines))
+    if phase_lines:
+        print("\nrank 0, median ms per phase of a step (DDP: sync happens inside backward)\n"
+              "| N | model | system | " + " | ".join(PHASES) + " |\n|---|---|---|"
+              + "---|" * len(PHASES))
+        print("\n".join(phase_lines))
+    print(f"load at the end {_load()}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

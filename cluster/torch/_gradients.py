@@ -7,15 +7,20 @@ the same order):
    buckets in *reverse* registration order (DDP's order: the last layers' gradients are ready
    first in backward), each of one dtype and at most ``bucket_cap_mb`` (the first bucket at
    most ``first_bucket_mb``, so communication starts early). A bucket owns one flat buffer with
-   one slot per parameter plus one *usage flag* per parameter.
-2. During ``loss.backward()`` a post-accumulate-grad hook copies each parameter's gradient into
-   its bucket's slot and sets its flag to 1. When a bucket is complete, it and every complete
-   bucket after the last one started are started with ``all_reduce_async(MEAN)`` in bucket
-   order (never out of order: a rank whose hooks fire in another order still issues the same
-   sequence). The all-reduces run in the group's stream while backward goes on.
+   one slot per *small* parameter (under :data:`DIRECT_BYTES`) plus one *usage flag* per
+   parameter; larger parameters' gradients travel *direct*.
+2. During ``loss.backward()`` a post-accumulate-grad hook takes each parameter's gradient: a
+   small one is copied into its slot, a large one is not copied at all (the collective reads
+   ``p.grad`` where torch left it, as DDP's ``gradient_as_bucket_view`` spares that copy), and
+   its flag is set to 1. When a bucket is complete, it and every complete bucket after the
+   last one started are started in bucket order (never out of order: a rank whose hooks fire
+   in another order still issues the same sequence), one ``all_reduce_many_async(MEAN)`` of
+   ``[flat, direct gradients...]`` per bucket. The all-reduces run in the group's stream while
+   backward goes on.
 3. :meth:`DistributedGradients.synchronize` (alias ``wait``) starts the buckets still waiting
    (unused parameters: their slots are zeros and their flags 0), waits for every bucket, and
-   writes the mean into each ``p.grad`` *in place* (``p.grad.copy_``).
+   writes the mean into each ``p.grad`` *in place* (``p.grad.copy_``: the one copy left, as
+   the collectives return their result in a buffer of their own).
 
 Unused parameters (no gradient on this rank at ``synchronize``): they contribute zeros, so every
 rank's buckets have the same layout and the same collectives run everywhere. The reduced flag
@@ -98,14 +103,27 @@ def bucket_plan(sizes: list[tuple[torch.dtype, int]], cap_bytes: int,
     return buckets
 
 
+DIRECT_BYTES = 256 * 1024
+"""Gradients of at least this many bytes travel as themselves (the collective reads ``p.grad``
+where it lies: no copy into the bucket); smaller ones are packed into the bucket's flat buffer
+(one collective value for many small tensors: less per-value overhead than the copy saves)."""
+
+
 @dataclass
 class _Bucket:
-    """One bucket: its parameters, their offsets in ``flat``, and this step's state."""
+    """One bucket: its parameters, where each one's gradient travels, and this step's state.
+
+    A parameter either has a slot in ``flat`` (``offsets[i] >= 0``: its gradient is copied there)
+    or travels *direct* (``offsets[i] == -1``: ``p.grad`` itself is a value of the bucket's
+    all-reduce). ``flat`` ends with one usage flag per parameter (so it always exists).
+    """
 
     params: list[torch.nn.Parameter]
     offsets: list[int]
-    flat: torch.Tensor  # gradients, then one usage flag per parameter
+    flat: torch.Tensor  # packed gradients, then one usage flag per parameter
     flags_at: int
+    direct: list[int]  # positions (in params) of the direct parameters, in order
+    sent: list[torch.Tensor | None] = field(default_factory=list)  # per direct: what travels
     ready: int = 0
     work: Work | None = None
     filled: set[int] = field(default_factory=set)  # indices (in params) with a gradient
@@ -131,6 +149,9 @@ class DistributedGradients:
       accumulate); ``synchronize()`` without a backward averages whatever ``p.grad`` holds.
     - Results are bitwise identical on every rank (the collectives' contract), written into the
       existing ``p.grad`` tensors; the module's parameters are never touched.
+    - Between ``backward()`` and ``synchronize()`` leave ``p.grad`` alone: the all-reduces of
+      large gradients read ``p.grad`` itself while they run (as ``torch.distributed``'s
+      ``async_op`` works read their tensors).
     - ``synchronize(timeout)`` waits at most ``timeout`` seconds per bucket
       (:class:`~cluster.errors.CollectiveTimeoutError`); each collective also has the group's
       deadline (``CommunicationOptions.timeout_seconds``). A failed collective raises the
@@ -164,13 +185,18 @@ class DistributedGradients:
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position)
         for b, indices in enumerate(plan):
             members = [params[i] for i in indices]
-            offsets, total = [], 0
+            offsets, direct, total = [], [], 0
             for position, p in enumerate(members):
-                offsets.append(total)
-                total += p.numel()
                 self._where[id(p)] = (b, position)
+                if p.numel() * p.element_size() >= DIRECT_BYTES:
+                    offsets.append(-1)
+                    direct.append(position)
+                else:
+                    offsets.append(total)
+                    total += p.numel()
             flat = torch.zeros(total + len(members), dtype=members[0].dtype)
-            self._buckets.append(_Bucket(members, offsets, flat, total))
+            self._buckets.append(_Bucket(members, offsets, flat, total, direct,
+                                         [None] * len(direct)))
         self._next = 0  # the first bucket not started this step
         self._syncing = True
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
@@ -246,37 +272,54 @@ class DistributedGradients:
             self._start_ready()
 
     def _fill(self, bucket: _Bucket, position: int, grad: torch.Tensor | None) -> None:
-        """Copy ``grad`` (zeros when None) into the bucket; its flag says whether it existed."""
+        """Put ``grad`` (zeros when None) in the bucket; its flag says whether it existed.
+
+        A direct parameter's gradient is not copied: the collective reads ``p.grad`` itself
+        (torch does not write it again before the next backward, which :meth:`_on_grad` refuses
+        before :meth:`synchronize`)."""
         p = bucket.params[position]
-        start, n = bucket.offsets[position], p.numel()
+        start = bucket.offsets[position]
         with torch.no_grad():
-            if grad is None:
-                bucket.flat[start:start + n].zero_()
+            if start < 0:
+                bucket.sent[bucket.direct.index(position)] = (
+                    torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    if grad is None else grad.detach())
+            elif grad is None:
+                bucket.flat[start:start + p.numel()].zero_()
             else:
-                bucket.flat[start:start + n].copy_(grad.reshape(-1))
+                bucket.flat[start:start + p.numel()].copy_(grad.reshape(-1))
             bucket.flat[bucket.flags_at + position] = 0 if grad is None else 1
         bucket.filled.add(position)
         bucket.ready += 1
 
     def _start_ready(self) -> None:
-        """Start every complete bucket from ``_next`` on, in bucket order."""
+        """Start every complete bucket from ``_next`` on, in bucket order: one collective per
+        bucket, of its flat buffer and its direct gradients."""
         while self._next < len(self._buckets):
             bucket = self._buckets[self._next]
             if bucket.ready < len(bucket.params):
                 return
-            bucket.work = self._group.all_reduce_async(bucket.flat, ReduceOp.MEAN)
+            bucket.work = self._group.all_reduce_many_async([bucket.flat, *bucket.sent],
+                                                            ReduceOp.MEAN)
             self._next += 1
 
-    def _write_back(self, bucket: _Bucket, mean: torch.Tensor) -> None:
+    def _write_back(self, bucket: _Bucket, means: list[torch.Tensor]) -> None:
+        flat, direct = means[0], means[1:]
         with torch.no_grad():
-            flags = mean[bucket.flags_at:]
+            flags = flat[bucket.flags_at:].tolist()
             for position, p in enumerate(bucket.params):
                 if not flags[position] > 0:
                     continue  # no rank had a gradient: leave p.grad as it is
-                start, n = bucket.offsets[position], p.numel()
-                value = mean[start:start + n].view(p.shape)
+                start = bucket.offsets[position]
+                if start < 0:
+                    value = direct[bucket.direct.index(position)]
+                else:
+                    value = flat[start:start + p.numel()].view(p.shape)
                 if p.grad is None:
-                    p.grad = value.clone()
+                    # A result is this call's own buffer (the collectives never write it
+                    # again): a direct one becomes p.grad as is, a slot of flat is cloned
+                    # (else p.grad would keep the whole bucket's buffer alive).
+                    p.grad = value if start < 0 else value.clone()
                 else:
                     p.grad.copy_(value)
 
@@ -285,4 +328,5 @@ class DistributedGradients:
             bucket.ready = 0
             bucket.work = None
             bucket.filled.clear()
+            bucket.sent = [None] * len(bucket.direct)
         self._next = 0

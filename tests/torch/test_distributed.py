@@ -65,7 +65,13 @@ def _ranks(transport, directory: str):
     model = _net()
     ct.broadcast_module(model, strategy)  # ...and the broadcast makes them rank 0's
     out["initial"] = [t.detach().clone().numpy() for t in model.state_dict().values()]
+    # Gradients of >= 96 bytes travel direct (the collective reads p.grad), smaller ones are
+    # packed into the bucket: both kinds, used, unused everywhere (never.weight is direct,
+    # never.bias packed) and used on one rank only (branch.*).
+    from cluster.torch import _gradients
+    _gradients.DIRECT_BYTES = 96
     grads = ct.DistributedGradients(model, strategy, bucket_cap_mb=0.0003, first_bucket_mb=0.0002)
+    out["direct"] = sum(len(b.direct) for b in grads._buckets)
     out["buckets"] = len(grads.buckets)
 
     gen = torch.Generator().manual_seed(100 + rank)
@@ -148,6 +154,7 @@ def test_two_processes_train_like_ddp(tmp_path):
     for a, b in zip(r0["initial"], r1["initial"], strict=True):  # broadcast: bitwise rank 0's
         assert np.array_equal(a, b)
     assert r0["buckets"] >= 3
+    assert r0["direct"] == 4  # the four weights of >= 96 bytes
     assert r0["started_in_backward"] >= 1  # overlap: buckets started before synchronize
     assert r0["in_place"] and r1["in_place"]
 

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import cluster  # noqa: E402
 import cluster.torch as ct  # noqa: E402
 from cluster.checkpoint import Checkpoint  # noqa: E402
+from cluster.torch import _gradients  # noqa: E402
 from cluster.torch._gradients import bucket_plan  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,9 +31,12 @@ def test_bucket_plan(sizes, cap, first, expected) -> None:
     assert bucket_plan(sizes, cap, first) == expected
 
 
-def test_one_process_averages_to_its_own_gradients_in_place() -> None:
+@pytest.mark.parametrize("direct_bytes", [1, 1 << 30])  # every gradient direct / packed
+def test_one_process_averages_to_its_own_gradients_in_place(monkeypatch, direct_bytes) -> None:
+    monkeypatch.setattr(_gradients, "DIRECT_BYTES", direct_bytes)
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
     grads = ct.DistributedGradients(model, bucket_cap_mb=1e-5, first_bucket_mb=1e-5)
+    assert sum(len(b.direct) for b in grads._buckets) == (4 if direct_bytes == 1 else 0)
     model(torch.ones(4, 3)).sum().backward()
     assert grads.started == len(grads.buckets) == 4  # all started from the hooks
     before = [(p.grad.data_ptr(), p.grad.clone()) for p in model.parameters()]
