@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,10 @@ from cluster.collectives._call import Call
 from cluster.collectives.options import CommunicationOptions
 from cluster.errors import ClusterError
 
-__all__ = ["Prepare", "Prepared", "identity", "job", "on_gpu", "reject", "restore_each", "then"]
+__all__ = [
+    "Prepare", "Prepared", "identity", "in_place", "job", "on_gpu", "reject", "restore_each",
+    "then",
+]
 
 Prepared = tuple[Callable[[Call], Any], Callable[[Any], Any]]
 """What a validated call needs: ``run(call) -> raw result`` inside the collective, and
@@ -97,6 +100,33 @@ def identity(result: Any) -> Any:
 def restore_each(pairs: list[tuple[Callable[[Any], Any], Any]]) -> list[Any]:
     """The results of ``all_reduce_many``, each in its value's family."""
     return [restore(result) for restore, result in pairs]
+
+
+def in_place(items: list[Any], values: Sequence[Any], what: str
+             ) -> tuple[list[Any], Callable[[list[tuple[Any, Any]]], list[Any]]]:
+    """``all_reduce_many(..., in_place=True)``: ``items`` (each value staged on the host as a
+    view of it) marked owned, so a value that travels alone is reduced into itself; and the
+    restore that writes every other result (a view of its pack) back into its value, then
+    returns the values themselves.
+
+    Raises ``ValueError`` for a value that is no writeable, C-contiguous host view of itself.
+    """
+    owned = []
+    for i, item in enumerate(items):
+        array = item.array
+        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous
+                and array.flags.writeable and not item.owned):
+            raise ValueError(f"{what}(in_place=True): value {i} must be a writeable, "
+                             "C-contiguous host array (NumPy, or a CPU tensor through DLPack)")
+        owned.append(type(item)(array, True, item.restore))
+
+    def restore(pairs: list[tuple[Any, Any]]) -> list[Any]:
+        for item, (_, result) in zip(owned, pairs, strict=True):
+            if not np.shares_memory(result, item.array):
+                np.copyto(item.array, result.reshape(item.array.shape))
+        return list(values)
+
+    return owned, restore
 
 
 def then(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], Any]:

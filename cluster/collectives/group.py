@@ -24,15 +24,9 @@ from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
 from cluster.collectives.arena import ArenaLayout
 from cluster.collectives.epilogue import Update, apply_whole, check_apply
-from cluster.collectives.hierarchy import HostCollectives
+from cluster.collectives.hierarchy import HostCollectives, leaders_all_reduce
 from cluster.collectives.network import NetworkCollectives
-from cluster.collectives.ops import (
-    ReduceOp,
-    check_int,
-    check_plain_dtype,
-    check_reducible,
-    finalize,
-)
+from cluster.collectives.ops import ReduceOp, check_int, check_plain_dtype, check_reducible
 from cluster.collectives.options import (
     CollectivePath,
     CollectiveSettings,
@@ -230,6 +224,7 @@ class CollectiveGroup:
         op: ReduceOp | str = ReduceOp.SUM,
         *,
         options: CommunicationOptions | None = None,
+        in_place: bool = False,
     ) -> list[Any]:
         """``all_reduce`` of each value, fused into packs of ``options.bytes_per_pack`` bytes.
 
@@ -239,9 +234,11 @@ class CollectiveGroup:
         results of fused values are views of one shared buffer (disjoint ones); a value that
         travels alone is reduced without packing, into a fresh buffer. CuPy values take the
         device route where ``all_reduce`` would (NCCL among the host's GPUs), else the host path.
-        Results are the caller's: no later call writes them.
+        Results are the caller's: no later call writes them. ``in_place``: each result is
+        written into its value (writeable C-contiguous host arrays; a lone one is reduced in
+        it, no copy), and the values are returned.
         """
-        return self._stream.run(self._all_reduce_many_job(values, op, options))
+        return self._stream.run(self._all_reduce_many_job(values, op, options, in_place))
 
     def all_reduce_many_async(
         self,
@@ -249,10 +246,12 @@ class CollectiveGroup:
         op: ReduceOp | str = ReduceOp.SUM,
         *,
         options: CommunicationOptions | None = None,
+        in_place: bool = False,
     ) -> Work:
         """:meth:`all_reduce_many`, started in the group's stream; ``wait()`` returns the list of
         results. Do not modify the values until the work is done."""
-        return self._submit("all_reduce_many", self._all_reduce_many_job(values, op, options))
+        return self._submit("all_reduce_many",
+                            self._all_reduce_many_job(values, op, options, in_place))
 
     def all_reduce_apply(
         self,
@@ -383,9 +382,9 @@ class CollectiveGroup:
         staged = stage(value, "all_reduce")
         return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
 
-    def _all_reduce_many_job(
-        self, values: Sequence[Any], op: ReduceOp | str, options: CommunicationOptions | None
-    ) -> Callable[[], Any]:
+    def _all_reduce_many_job(self, values: Sequence[Any], op: ReduceOp | str,
+                             options: CommunicationOptions | None,
+                             in_place: bool = False) -> Callable[[], Any]:
         def prepare() -> Prepared:
             parsed = ReduceOp.parse(op)
             if isinstance(values, str | bytes) or not isinstance(values, Sequence):
@@ -398,7 +397,10 @@ class CollectiveGroup:
                 else:
                     items.append(stage(value, "all_reduce_many"))
                 check_reducible(items[-1].array.dtype, "all_reduce_many")
-            return (lambda call: self._all_reduce_many_run(call, items, parsed)), restore_each
+            restore = restore_each
+            if in_place:
+                items, restore = _jobs.in_place(items, values, "all_reduce_many")
+            return (lambda call: self._all_reduce_many_run(call, items, parsed)), restore
 
         return self._job("all_reduce_many", options, prepare, values)
 
@@ -551,7 +553,8 @@ class CollectiveGroup:
         }
         self._hosts = HostCollectives(
             self._shm, self._network, configs=configs, world_size=self.world_size,
-            across_leaders=None if self._leaders is None else self._across_leaders,
+            across_leaders=None if self._leaders is None else functools.partial(
+                leaders_all_reduce, self._leaders, self.world_size),
             buffers=self._buffers,
         )
 
@@ -567,22 +570,6 @@ class CollectiveGroup:
         chosen once the hosts are set up."""
         assert self._hosts is not None
         return self._hosts
-
-    def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
-        """On a leader: all-reduce its host's flat total ``work`` in place across the leaders
-        (the network ring, within what is left of the call's deadline), then apply MEAN's
-        division over the whole group once."""
-        assert self._leaders is not None
-        timeout = call.deadline.timeout()
-        options = CommunicationOptions(
-            call.options.bytes_per_pack,
-            None if timeout is None else max(timeout, 1e-3),
-            call.options.implementation,
-        )
-        inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        with self._leaders._collective("all_reduce", options, work) as inner_call:
-            self._leaders._all_reduce_impl(inner_call, work, True, inner)
-        finalize(op, work, self.world_size)
 
     @contextlib.contextmanager
     def _collective(self, kind: str, options: CommunicationOptions | None,

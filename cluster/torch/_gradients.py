@@ -10,17 +10,17 @@ the same order):
    one slot per *small* parameter (under :data:`DIRECT_BYTES`) plus one *usage flag* per
    parameter; larger parameters' gradients travel *direct*.
 2. During ``loss.backward()`` a post-accumulate-grad hook takes each parameter's gradient: a
-   small one is copied into its slot, a large one is not copied at all (the collective reads
-   ``p.grad`` where torch left it, as DDP's ``gradient_as_bucket_view`` spares that copy), and
-   its flag is set to 1. When a bucket is complete, it and every complete bucket after the
-   last one started are started in bucket order (never out of order: a rank whose hooks fire
-   in another order still issues the same sequence), one ``all_reduce_many_async(MEAN)`` of
-   ``[flat, direct gradients...]`` per bucket. The all-reduces run in the group's stream while
-   backward goes on.
+   small one is copied into its slot, a large one is not copied at all (the collective reduces
+   ``p.grad`` in place, where torch left it: no copy in and none out, as with DDP's
+   ``gradient_as_bucket_view``), and its flag is set to 1. When a bucket is complete, it and
+   every complete bucket after the last one started are started in bucket order (never out of
+   order: a rank whose hooks fire in another order still issues the same sequence), one
+   ``all_reduce_many_async(MEAN, in_place=True)`` of ``[flat, direct gradients...]`` per
+   bucket. The all-reduces run in the group's stream while backward goes on.
 3. :meth:`DistributedGradients.synchronize` (alias ``wait``) starts the buckets still waiting
    (unused parameters: their slots are zeros and their flags 0), waits for every bucket, and
-   writes the mean into each ``p.grad`` *in place* (``p.grad.copy_``: the one copy left, as
-   the collectives return their result in a buffer of their own).
+   copies each small parameter's mean from its slot into ``p.grad`` *in place*; a large one's
+   mean is already there.
 
 Unused parameters (no gradient on this rank at ``synchronize``): they contribute zeros, so every
 rank's buckets have the same layout and the same collectives run everywhere. The reduced flag
@@ -281,9 +281,11 @@ class DistributedGradients:
         start = bucket.offsets[position]
         with torch.no_grad():
             if start < 0:
+                # Reduced in place (``in_place=True``): into p.grad itself when it is
+                # contiguous, else into a contiguous copy that _write_back copies from.
                 bucket.sent[bucket.direct.index(position)] = (
                     torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    if grad is None else grad.detach())
+                    if grad is None else grad.detach().contiguous())
             elif grad is None:
                 bucket.flat[start:start + p.numel()].zero_()
             else:
@@ -300,7 +302,7 @@ class DistributedGradients:
             if bucket.ready < len(bucket.params):
                 return
             bucket.work = self._group.all_reduce_many_async([bucket.flat, *bucket.sent],
-                                                            ReduceOp.MEAN)
+                                                            ReduceOp.MEAN, in_place=True)
             self._next += 1
 
     def _write_back(self, bucket: _Bucket, means: list[torch.Tensor]) -> None:
@@ -316,12 +318,13 @@ class DistributedGradients:
                 else:
                     value = flat[start:start + p.numel()].view(p.shape)
                 if p.grad is None:
-                    # A result is this call's own buffer (the collectives never write it
-                    # again): a direct one becomes p.grad as is, a slot of flat is cloned
-                    # (else p.grad would keep the whole bucket's buffer alive).
+                    # A direct result is the zeros tensor _fill sent, reduced in place: it
+                    # becomes p.grad as is; a slot of flat is cloned (else p.grad would keep
+                    # the whole bucket's buffer alive).
                     p.grad = value if start < 0 else value.clone()
-                else:
-                    p.grad.copy_(value)
+                elif start >= 0 or value.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(value)  # a slot of flat, or a non-contiguous p.grad's copy
+                # else: the mean was written into p.grad itself, no copy
 
     def _reset(self) -> None:
         for bucket in self._buckets:
