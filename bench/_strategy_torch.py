@@ -33,9 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._model_shapes import MODELS  # noqa: E402
+from bench._results import task_result  # noqa: E402
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
 from cluster.deadline import Deadline  # noqa: E402
-from cluster.testing import TaskProcessError, TaskProcesses  # noqa: E402
+from cluster.testing import TaskProcesses  # noqa: E402
 
 __all__ = ["TorchBenchError", "bench_torch", "torch_version"]
 
@@ -170,15 +171,8 @@ def bench_torch(n: int, sizes: list[int], models: list[str], iters: int, warmup:
         started = [ranks.python(__file__, str(r), str(n), str(port), config, name=f"gloo rank {r}")
                    for r in range(n)]
         for rank in started:
-            try:
-                code, output = rank.finish(deadline.remaining())
-            except TaskProcessError as error:
-                raise TorchBenchError(f"gloo N={n}: {error}") from error
-            found = [line for line in output.splitlines() if line.startswith(_LINE)]
-            if code != 0 or not found:
-                raise TorchBenchError(f"gloo N={n}: {rank.name} exited {code} without a "
-                                      f"result:\n{output[-3000:]}")
-            results.append(json.loads(found[-1][len(_LINE):]))
+            results.append(task_result(rank, deadline.remaining(), _LINE, f"gloo N={n}",
+                                       TorchBenchError))
     return results
 
 

@@ -54,10 +54,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._model_shapes import MODELS, parameter_count  # noqa: E402
+from bench._results import task_result  # noqa: E402
 from bench._strategy_torch import bench_torch, torch_version  # noqa: E402
 from bench.allreduce import busbw, fmt_size, parse_size  # noqa: E402
 from cluster.testing import (  # noqa: E402
-    TaskProcessError,
     TaskProcesses,
     loopback_cluster,
     tf_config,
@@ -132,15 +132,7 @@ def bench_ours(n: int, path: str, argv: list[str], timeout: float = 1200.0
         # One deadline for the launch; a task that fails makes its peers fail soon after
         # (heartbeats), so waiting in rank order still ends early.
         for task in started:
-            try:
-                code, output = task.finish(timeout)
-            except TaskProcessError as error:
-                raise BenchError(f"ours ({path}), N={n}: {error}") from error
-            found = [line for line in output.splitlines() if line.startswith(LINE)]
-            if code != 0 or not found:
-                raise BenchError(f"ours ({path}), N={n}: {task.name} exited {code} without a "
-                                 f"result:\n{output[-3000:]}")
-            report = json.loads(found[-1][len(LINE):])
+            report = task_result(task, timeout, LINE, f"ours ({path}), N={n}", BenchError)
             if report["path"] != PATHS[path]:
                 raise BenchError(f"ours ({path}), N={n}: {task.name} ran on {report['path']}")
             results.append(report["times"])

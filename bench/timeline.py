@@ -18,7 +18,6 @@ Two measurements:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._results import task_result  # noqa: E402
 from cluster.testing import TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
 TASK = Path(__file__).resolve().parent / "_timeline_task.py"
@@ -47,12 +47,7 @@ def end_to_end(n: int, rounds: int, steps: int, timeout: float) -> dict[str, lis
                                 tf_config=tf_config(spec, "worker", i), name=f"worker:{i}")
                    for i in range(n)]
         for task in started:
-            code, output = task.finish(timeout)
-            found = [line for line in output.splitlines() if line.startswith(LINE)]
-            if code != 0 or not found:
-                raise RuntimeError(f"{task.name} exited {code} without a result:\n"
-                                   f"{output[-3000:]}")
-            reports.append(json.loads(found[-1][len(LINE):])["times"])
+            reports.append(task_result(task, timeout, LINE, f"N={n}")["times"])
     return {s: [max(r[s][i] for r in reports) for i in range(rounds)] for s in STATES}
 
 

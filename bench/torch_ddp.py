@@ -48,8 +48,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples" / "torch"))
 
+from bench._results import task_result  # noqa: E402
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
-from cluster.testing import TaskProcessError, TaskProcesses, loopback_cluster, tf_config  # noqa: E402
+from cluster.testing import TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
 LINE = "TORCH_DDP_BENCH "  # a rank's result line
 PATHS = {"shm": "auto", "network": "network"}
@@ -196,15 +197,7 @@ def _phases(phased, steps: int, warmup: int) -> dict[str, list[float]]:
 def _collect(system: str, n: int, tasks: list) -> list[dict[str, list[float]]]:
     results = []
     for task in tasks:
-        try:
-            code, output = task.finish(1200.0)
-        except TaskProcessError as error:
-            raise BenchError(f"{system} N={n}: {error}") from error
-        found = [line for line in output.splitlines() if line.startswith(LINE)]
-        if code != 0 or not found:
-            raise BenchError(f"{system} N={n}: {task.name} exited {code} without a result:\n"
-                             f"{output[-3000:]}")
-        results.append(json.loads(found[-1][len(LINE):]))
+        results.append(task_result(task, 1200.0, LINE, f"{system} N={n}", BenchError))
     return results
 
 
