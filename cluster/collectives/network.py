@@ -177,16 +177,8 @@ class NetworkCollectives:
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
-                array = arrays[i]
-                if self.algorithm(array.nbytes, call.options, array.itemsize).startswith("ring"):
-                    work, source = self._buffers.output_for(array, owned=False)
-                    step = ring.all_reduce(
-                        ex, work, segments(work.size, self.world_size), op,
-                        self.ring_chunk(array.nbytes, array.itemsize), step, source=source,
-                        out=targets[i], update=update)
-                    continue
-                work, step = self._reduce_one(ex, call, array, False, op, step)
-                apply_whole(update, targets[i], work)
+                _, step = self._reduce_one(ex, call, arrays[i], False, op, step,
+                                           target=targets[i], update=update)
                 continue
             members = [arrays[i] for i in indices]
             buffer, ranges = _packing.pack(members, self._buffers.empty)
@@ -197,18 +189,26 @@ class NetworkCollectives:
         ex.end()
 
     def _reduce_one(self, ex: Exchange | None, call: Call, array: np.ndarray, owned: bool,
-                    op: ReduceOp, step: int) -> tuple[np.ndarray, int]:
-        """A lone array of ``all_reduce_many``: flat result and the exchange's next step."""
+                    op: ReduceOp, step: int, *, target: np.ndarray | None = None,
+                    update: Update | None = None) -> tuple[np.ndarray, int]:
+        """A lone array of ``all_reduce_many``: flat result and the exchange's next step.
+
+        With ``update`` (``all_reduce_apply``, two ranks or more), ``target`` ends updated with
+        the result instead: fused into the ring, else applied to the reduced array."""
         if ex is None:
             return working_copy(array, owned), step
         algorithm = self.algorithm(array.nbytes, call.options, array.itemsize)
         if not algorithm.startswith("ring"):
             work = working_copy(array, owned)
-            return work, _LATENCY_BOUND[algorithm](ex, work, op, step)
+            step = _LATENCY_BOUND[algorithm](ex, work, op, step)
+            if update is not None:
+                apply_whole(update, target, work)
+            return work, step
         work, source = self._buffers.output_for(array, owned)
         bounds = segments(work.size, self.world_size)
         chunk = self.ring_chunk(array.nbytes, array.itemsize)
-        return work, ring.all_reduce(ex, work, bounds, op, chunk, step, source=source)
+        return work, ring.all_reduce(ex, work, bounds, op, chunk, step, source=source,
+                                     out=target, update=update)
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""
