@@ -276,7 +276,7 @@ def _echo_server(port: int, ready, stop) -> None:
 
     def down(request: bytes, context) -> bytes:
         size = int.from_bytes(request, "little")
-        return replies.setdefault(size, bytes(size))
+        return replies.setdefault(size, b"\x01" * size)
 
     def up(request: bytes, context) -> bytes:
         return b""
@@ -284,8 +284,9 @@ def _echo_server(port: int, ready, stop) -> None:
     handler = grpc.method_handlers_generic_handler("bench.Echo", {
         "Down": grpc.unary_unary_rpc_method_handler(down),
         "Up": grpc.unary_unary_rpc_method_handler(up)})
+    # The echo has no per-service cap (a task's server sets one per service): any size in.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handler],
-                         options=SERVER_OPTIONS)
+                         options=(*SERVER_OPTIONS, ("grpc.max_receive_message_length", -1)))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     ready.set()
@@ -313,7 +314,7 @@ def bench_echo(sizes: list[int], iters: int, warmup: int) -> dict[int, tuple[flo
             up = channel.unary_unary("/bench.Echo/Up")
             grpc.channel_ready_future(channel).result(timeout=START_SECONDS)
             for size in sizes:
-                payload = bytes(size)
+                payload = b"\x01" * size
                 ask = size.to_bytes(8, "little")
                 out[size] = (_timed(lambda ask=ask: down(ask, timeout=120), iters, warmup),
                              _timed(lambda p=payload: up(p, timeout=120), iters, warmup))

@@ -59,7 +59,7 @@ def run(argv: list[str]) -> int:
     lifecycle.setup_logging()
     enable_stack_dumps()  # SIGUSR2: clusterctl asks for the stacks before it stops a hung run
     lifecycle.install_termination_handlers(_serving.SERVING_SIGNALS)
-    _malloc.tune_for_large_buffers()  # tensor-sized messages: no page faults per call
+    _malloc.tune_for_large_buffers(one_arena=True)  # tensor-sized replies: no page faults
     store = VariableStore()
     service = PsService(store)
     rt = lifecycle.start_runtime("ps", os.environ, services={SERVICE: service.handlers()})
