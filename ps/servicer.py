@@ -28,6 +28,7 @@ import math
 import threading
 
 import grpc
+import numpy as np
 
 from cluster.deadline import Deadline
 from cluster.errors import VariableStoreError
@@ -142,7 +143,15 @@ class PsService:
         # Each value is copied once, under its lock, straight into its serialized entry; a
         # reply of one variable (one per ps in a sharded step) is that entry, not copied again.
         step = request.step if request.HasField("step") else None
-        entries = self.store.pull_with(names, newer_than, encode_value_entry, step=step)
+        at = 0  # where the next entry starts in the reply: its data is aligned from there
+
+        def encode(name: str, version: int, value: np.ndarray) -> bytes:
+            nonlocal at
+            entry = encode_value_entry(name, version, value, at)
+            at += len(entry)
+            return entry
+
+        entries = self.store.pull_with(names, newer_than, encode, step=step)
         return entries[0] if len(entries) == 1 else b"".join(entries)
 
     def _push(self, data: bytes, context):

@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 from cluster.transport._pb import ps_pb2, tensor_pb2
 from cluster.transport._ps_wire import check_array, to_array
 
-__all__ = ["decode_pull_reply", "decode_push_request", "encode_push_request",
+__all__ = ["ALIGN", "decode_pull_reply", "decode_push_request", "encode_push_request",
            "encode_value_entry"]
 
 _LEN = 2  # wire type of length-delimited fields
@@ -59,35 +59,56 @@ def _varint(n: int) -> bytes:
 # -- encoding --------------------------------------------------------------------------------
 
 
-def _chunk_parts(array: np.ndarray, what: str) -> tuple[list[Any], int]:
-    """``(parts, length)``: a ``TensorChunk`` holding ``array``, as byte strings and a view of
-    the array's buffer (not copied here), and their total length."""
+ALIGN = 64
+"""Tensor data starts at a multiple of this many bytes from the start of every message written
+here (a cache line): a reader's view of its received bytes is then an aligned array, and NumPy
+computes on it at full speed (on a misaligned float32 view it goes through buffered copies: a
+16 MiB SGD update measured 6.4 ms against 4.0 ms). ``TensorChunk.padding`` takes up the slack."""
+
+
+def _chunk_parts(array: np.ndarray, what: str, pad: int) -> list[Any]:
+    """A ``TensorChunk`` holding ``array`` (with ``pad`` bytes of padding), as byte strings and a
+    view of the array's buffer (not copied here), the view last."""
     array, wire = check_array(array, what)
     n = array.nbytes
-    head = tensor_pb2.TensorChunk(total_bytes=n)
+    head = tensor_pb2.TensorChunk(total_bytes=n, padding=bytes(pad))
     head.meta.dtype = wire
     head.meta.shape[:] = array.shape
     parts: list[Any] = [head.SerializeToString()]
     if n:  # proto3 leaves an empty bytes field out
         parts += [_DATA_TAG + _varint(n), array.reshape(-1).view(np.uint8)]
-    return parts, len(parts[0]) + (len(parts[1]) + n if n else 0)
+    return parts
 
 
-def _entry_parts(name: str, version: int, array: np.ndarray, what: str) -> list[Any]:
-    """A ``VariableValue`` as field 1 of its parent (tag, length, message), in parts."""
-    chunk, chunk_len = _chunk_parts(array, what)
-    head = ps_pb2.VariableValue(name=name, version=version).SerializeToString() \
-        + _VALUE_TAG + _varint(chunk_len)
-    return [_ENTRY_TAG + _varint(len(head) + chunk_len) + head, *chunk]
+def _entry_parts(name: str, version: int, array: np.ndarray, what: str, at: int) -> list[Any]:
+    """A ``VariableValue`` as field 1 of its parent (tag, length, message), in parts, its data
+    starting at a multiple of :data:`ALIGN` counted from ``at`` bytes before the entry."""
+    pad = 0
+    for _ in range(8):  # each try may lengthen a varint around it, which only ever grows
+        chunk = _chunk_parts(array, what, pad)
+        chunk_len = sum(len(part) for part in chunk)
+        head = ps_pb2.VariableValue(name=name, version=version).SerializeToString() \
+            + _VALUE_TAG + _varint(chunk_len)
+        parts = [_ENTRY_TAG + _varint(len(head) + chunk_len) + head, *chunk]
+        if len(chunk) == 1:
+            return parts  # no data to align
+        miss = -(at + sum(len(part) for part in parts[:-1])) % ALIGN
+        if miss == 0:
+            break
+        # A padding field is its tag, a length byte and at least one byte (proto3 leaves an
+        # empty one out); a longer one moves the data by as many bytes as it grows.
+        pad = pad + miss if pad else (miss - 2) % ALIGN or ALIGN
+    return parts
 
 
-def encode_value_entry(name: str, version: int, array: np.ndarray) -> bytes:
-    """One ``PullReply.values`` entry holding ``array``, copied once into the bytes returned.
+def encode_value_entry(name: str, version: int, array: np.ndarray, at: int = 0) -> bytes:
+    """One ``PullReply.values`` entry holding ``array``, copied once into the bytes returned;
+    ``at``: the entry's offset in its reply (the data is aligned counting from there).
 
     A ``PullReply`` is its entries concatenated (``b"".join``). Raises ``TypeError`` for a dtype
     the wire cannot carry, ``ValueError`` for a tensor too large for one message.
     """
-    return b"".join(_entry_parts(name, version, array, f"variable {name}"))
+    return b"".join(_entry_parts(name, version, array, f"variable {name}", at))
 
 
 def encode_push_request(grads: Mapping[str, np.ndarray], header: ps_pb2.PushRequest) -> bytes:
@@ -96,8 +117,11 @@ def encode_push_request(grads: Mapping[str, np.ndarray], header: ps_pb2.PushRequ
     if len(header.gradients):
         raise ValueError("encode_push_request: the header must not hold gradients")
     parts: list[Any] = []
+    at = 0
     for name, grad in grads.items():
-        parts += _entry_parts(name, 0, grad, f"gradient of {name}")
+        entry = _entry_parts(name, 0, grad, f"gradient of {name}", at)
+        at += sum(len(part) for part in entry)
+        parts += entry
     parts.append(header.SerializeToString())  # fields 2.. after field 1, as protobuf orders them
     return b"".join(parts)
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cluster/transport/_pb/tensor.proto\x12\x12\x63luster_runtime.v1\"E\n\nTensorMeta\x12(\n\x05\x64type\x18\x01 \x01(\x0e\x32\x19.cluster_runtime.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\"n\n\x0bTensorChunk\x12,\n\x04meta\x18\x01 \x01(\x0b\x32\x1e.cluster_runtime.v1.TensorMeta\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c*\x88\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01\x12\x0b\n\x07\x46LOAT32\x10\x02\x12\x0b\n\x07\x46LOAT64\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\x0c\n\x08\x42\x46LOAT16\x10\x06\x12\t\n\x05UINT8\x10\x07\x12\x08\n\x04INT8\x10\x08\x12\x08\n\x04\x42OOL\x10\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cluster/transport/_pb/tensor.proto\x12\x12\x63luster_runtime.v1\"E\n\nTensorMeta\x12(\n\x05\x64type\x18\x01 \x01(\x0e\x32\x19.cluster_runtime.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\"\x7f\n\x0bTensorChunk\x12,\n\x04meta\x18\x01 \x01(\x0b\x32\x1e.cluster_runtime.v1.TensorMeta\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07padding\x18\x0e \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c*\x88\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01\x12\x0b\n\x07\x46LOAT32\x10\x02\x12\x0b\n\x07\x46LOAT64\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\x0c\n\x08\x42\x46LOAT16\x10\x06\x12\t\n\x05UINT8\x10\x07\x12\x08\n\x04INT8\x10\x08\x12\x08\n\x04\x42OOL\x10\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cluster.transport._pb.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=242
-  _globals['_DTYPE']._serialized_end=378
+  _globals['_DTYPE']._serialized_start=259
+  _globals['_DTYPE']._serialized_end=395
   _globals['_TENSORMETA']._serialized_start=58
   _globals['_TENSORMETA']._serialized_end=127
   _globals['_TENSORCHUNK']._serialized_start=129
-  _globals['_TENSORCHUNK']._serialized_end=239
+  _globals['_TENSORCHUNK']._serialized_end=256
 # @@protoc_insertion_point(module_scope)

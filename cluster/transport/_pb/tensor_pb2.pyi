@@ -39,13 +39,15 @@ class TensorMeta(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("meta", "offset", "total_bytes", "data")
+    __slots__ = ("meta", "offset", "total_bytes", "padding", "data")
     META_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PADDING_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     meta: TensorMeta
     offset: int
     total_bytes: int
+    padding: bytes
     data: bytes
-    def __init__(self, meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., padding: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
