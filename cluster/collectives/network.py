@@ -132,9 +132,11 @@ class NetworkCollectives:
     def all_reduce_many(self, call: Call, arrays: list[np.ndarray], owned: list[bool],
                         plan: list[list[int]], op: ReduceOp) -> list[np.ndarray]:
         """``op`` of each array, packed as ``plan`` says (lists of indices into ``arrays``), in
-        one exchange; each pack picks its algorithm by its size. A pack of one array is reduced
-        without packing (in place when ``owned[i]``, else the ring reads it where it lies);
-        other results are views of their pack. With one rank, only packs and unpacks."""
+        one exchange; each pack picks its algorithm by its size, and the packs on the ring share
+        one ring run per dtype (:func:`~cluster.collectives.ring.all_reduce_many`). A pack of one
+        array is reduced without packing (in place when ``owned[i]``, else the ring reads it
+        where it lies); other results are views of their pack. With one rank, only packs and
+        unpacks."""
         ex = None
         if self.world_size > 1:
             signature = (
@@ -143,29 +145,34 @@ class NetworkCollectives:
             )
             ex = self.exchange(call, signature)
         results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        on_ring: list[ring.RingArray] = []
         step = 0
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
-                work, step = self._reduce_one(ex, call, arrays[i], owned[i], op, step)
+                if ex is None:
+                    work = working_copy(arrays[i], owned[i])
+                else:
+                    work, step = self._reduce_alone(ex, call, arrays[i], owned[i], op, step,
+                                                    on_ring)
                 results[i] = work.reshape(arrays[i].shape)
                 continue
             members = [arrays[i] for i in indices]
             buffer, ranges = _packing.pack(members, self._buffers.empty)
             if ex is not None:
-                algorithm = self.algorithm(buffer.nbytes, call.options, buffer.itemsize)
-                step = self._reduce(ex, buffer, op, algorithm, first_step=step)
+                step = self._reduce_pack(ex, call, buffer, op, step, on_ring)
             views = _packing.unpack(buffer, ranges, [a.shape for a in members])
             for i, view in zip(indices, views, strict=True):
                 results[i] = view
         if ex is not None:
+            self._run_ring(ex, on_ring, op, step)
             ex.end()
         return results
 
     def all_reduce_apply(self, call: Call, arrays: list[np.ndarray], targets: list[np.ndarray],
                          plan: list[list[int]], op: ReduceOp, update: Update) -> None:
         """``update(targets[i], op of arrays[i])`` (packed as ``plan`` says), in one exchange
-        (two ranks or more). A lone array on the ring fuses the update into the ring
+        (two ranks or more). Lone arrays on the ring fuse the update into the ring run
         (:mod:`~cluster.collectives.epilogue`); the rest are reduced, then updated by every
         rank."""
         signature = (
@@ -173,42 +180,61 @@ class NetworkCollectives:
             f"pack={call.options.bytes_per_pack} {self.algorithm_config(call.options)}"
         )
         ex = self.exchange(call, signature)
+        on_ring: list[ring.RingArray] = []
+        after: list[tuple[int, np.ndarray]] = []  # (index, reduced values): updated at the end
         step = 0
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
-                _, step = self._reduce_one(ex, call, arrays[i], False, op, step,
-                                           target=targets[i], update=update)
+                queued = len(on_ring)
+                work, step = self._reduce_alone(ex, call, arrays[i], False, op, step, on_ring,
+                                                target=targets[i])
+                if len(on_ring) == queued:  # reduced already (latency-bound): update it now
+                    after.append((i, work))
                 continue
             members = [arrays[i] for i in indices]
             buffer, ranges = _packing.pack(members, self._buffers.empty)
-            algorithm = self.algorithm(buffer.nbytes, call.options, buffer.itemsize)
-            step = self._reduce(ex, buffer, op, algorithm, first_step=step)
-            for i, (lo, hi) in zip(indices, ranges, strict=True):
-                apply_whole(update, targets[i], buffer[lo:hi])
+            step = self._reduce_pack(ex, call, buffer, op, step, on_ring)
+            after += [(i, buffer[lo:hi]) for i, (lo, hi) in zip(indices, ranges, strict=True)]
+        self._run_ring(ex, on_ring, op, step, update)
+        for i, reduced in after:
+            apply_whole(update, targets[i], reduced)
         ex.end()
 
-    def _reduce_one(self, ex: Exchange | None, call: Call, array: np.ndarray, owned: bool,
-                    op: ReduceOp, step: int, *, target: np.ndarray | None = None,
-                    update: Update | None = None) -> tuple[np.ndarray, int]:
-        """A lone array of ``all_reduce_many``: flat result and the exchange's next step.
-
-        With ``update`` (``all_reduce_apply``, two ranks or more), ``target`` ends updated with
-        the result instead: fused into the ring, else applied to the reduced array."""
-        if ex is None:
-            return working_copy(array, owned), step
+    def _reduce_alone(self, ex: Exchange, call: Call, array: np.ndarray, owned: bool,
+                      op: ReduceOp, step: int, on_ring: list[ring.RingArray], *,
+                      target: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """A lone array: its flat result buffer and the exchange's next step. A latency-bound
+        one is reduced now; one for the ring joins ``on_ring`` (``target``: its ``out``), to be
+        reduced by :meth:`_run_ring`."""
         algorithm = self.algorithm(array.nbytes, call.options, array.itemsize)
         if not algorithm.startswith("ring"):
             work = working_copy(array, owned)
-            step = _LATENCY_BOUND[algorithm](ex, work, op, step)
-            if update is not None:
-                apply_whole(update, target, work)
-            return work, step
+            return work, _LATENCY_BOUND[algorithm](ex, work, op, step)
         work, source = self._buffers.output_for(array, owned)
-        bounds = segments(work.size, self.world_size)
-        chunk = self.ring_chunk(array.nbytes, array.itemsize)
-        return work, ring.all_reduce(ex, work, bounds, op, chunk, step, source=source,
-                                     out=target, update=update)
+        on_ring.append(ring.RingArray(work, source, target))
+        return work, step
+
+    def _reduce_pack(self, ex: Exchange, call: Call, buffer: np.ndarray, op: ReduceOp,
+                     step: int, on_ring: list[ring.RingArray]) -> int:
+        """A pack, reduced in place: now when latency-bound, else it joins ``on_ring``."""
+        algorithm = self.algorithm(buffer.nbytes, call.options, buffer.itemsize)
+        if not algorithm.startswith("ring"):
+            return _LATENCY_BOUND[algorithm](ex, buffer, op, step)
+        on_ring.append(ring.RingArray(buffer))
+        return step
+
+    def _run_ring(self, ex: Exchange, on_ring: list[ring.RingArray], op: ReduceOp, step: int,
+                  update: Update | None = None) -> int:
+        """One ring run per dtype over the arrays ``on_ring``, in order of first appearance."""
+        by_dtype: dict[np.dtype, list[ring.RingArray]] = {}
+        for item in on_ring:
+            by_dtype.setdefault(item.work.dtype, []).append(item)
+        for dtype, items in by_dtype.items():
+            nbytes = sum(item.work.nbytes for item in items)
+            step = ring.all_reduce_many(ex, items, op, self.ring_chunk(nbytes, dtype.itemsize),
+                                        step, update=update)
+        return step
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
         """Every rank's ``array`` concatenated along ``axis`` (sizes along it may differ)."""
@@ -263,12 +289,3 @@ class NetworkCollectives:
         ex = self.exchange(call, signature)
         doubling.all_reduce(ex, np.empty(0, np.uint8), None)
         ex.end()
-
-    def _reduce(
-        self, ex: Exchange, work: np.ndarray, op: ReduceOp, algorithm: str, first_step: int
-    ) -> int:
-        if not algorithm.startswith("ring"):
-            return _LATENCY_BOUND[algorithm](ex, work, op, first_step)
-        bounds = segments(work.size, self.world_size)
-        chunk = self.ring_chunk(work.nbytes, work.itemsize)
-        return ring.all_reduce(ex, work, bounds, op, chunk, first_step)

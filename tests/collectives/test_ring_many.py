@@ -1,0 +1,54 @@
+"""The ring over several arrays at once (``ring.all_reduce_many``): its message table, and exact
+results through ``all_reduce_many`` / ``all_reduce_apply`` on the network path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cluster.collectives.ring import RingArray, _chunk_table
+from cluster.collectives.schedule import segments
+
+from ._threads import make_groups, run_ranks
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.network_path]
+
+
+@pytest.mark.parametrize("sizes", [[10], [3, 0, 8, 1, 20], [1, 1], [5] * 30, [100_003, 7, 65_537]])
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+@pytest.mark.parametrize("chunk_bytes", [4, 64, 1 << 20])
+def test_table_covers_every_element_once_in_few_messages(sizes, world, chunk_bytes) -> None:
+    arrays = [RingArray(np.empty(n, np.float32)) for n in sizes]
+    bounds = segments(sum(sizes), world)
+    table = _chunk_table(arrays, bounds, chunk_bytes)
+    assert len(table) == world
+    seen = [np.zeros(n, np.int64) for n in sizes]
+    for (seg_lo, seg_hi), pieces in zip(bounds, table, strict=True):
+        assert pieces  # every step sends at least one (maybe empty) message
+        for a, lo, hi in pieces:
+            seen[a][lo:hi] += 1
+            assert (hi - lo) * 4 <= max(chunk_bytes, 4)
+        # Whole arrays are not split per segment: a segment touches only the arrays it overlaps,
+        # so a step sends about len(arrays) / world messages, not len(arrays).
+        if chunk_bytes == 1 << 20:
+            touched = {a for a, lo, hi in pieces if hi > lo}
+            assert len([p for p in pieces if p[2] > p[1]]) == len(touched)
+            starts = np.cumsum([0, *sizes])
+            overlapping = {a for a in range(len(sizes))
+                           if min(seg_hi, starts[a + 1]) > max(seg_lo, starts[a])}
+            assert touched == overlapping
+    assert all((s == 1).all() for s in seen)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_many_arrays_sum_exactly_and_alike_on_every_rank(world) -> None:
+    # Sizes that put segment boundaries inside arrays; integer values, so any order is exact.
+    sizes = [300_001, 262_144, 5, 400_000, 333_333]
+    values = [[np.full(n, r + 1 + i, np.float32) for i, n in enumerate(sizes)]
+              for r in range(world)]
+    hub, groups = make_groups(world)
+    got = run_ranks(lambda r: groups[r].all_reduce_many(values[r], "SUM"), world, timeout=50)
+    want = [sum(range(1, world + 1)) + world * i for i in range(len(sizes))]
+    for results in got:
+        for result, n, w in zip(results, sizes, want, strict=True):
+            assert result.shape == (n,) and (result == w).all()
