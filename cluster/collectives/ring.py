@@ -37,10 +37,10 @@ from cluster.collectives.schedule import (
     Range,
     RingStep,
     chunk_ranges,
-    segments,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
+    segments,
 )
 
 __all__ = ["RingArray", "all_gather", "all_reduce", "all_reduce_many", "reduce_scatter",
@@ -248,7 +248,7 @@ def _chunk_table(arrays: Sequence[RingArray], bounds: Sequence[Range],
     table = []
     for seg_start, seg_stop in bounds:
         pieces = []
-        for a, array in enumerate(arrays):
+        for a in range(len(arrays)):
             lo = max(seg_start, starts[a]) - starts[a]
             hi = min(seg_stop, starts[a + 1]) - starts[a]
             if hi > lo:
