@@ -56,8 +56,13 @@ DEFAULT_SMALL_MESSAGE_BYTES = 64 * 1024
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Pipelining granularity of the ring and chain algorithms (4 MiB: fastest at 16-64 MiB here)."""
 
-DEFAULT_SHM_ROUND_BYTES = 4 << 20
-"""Bytes each co-located rank stages per round in shared memory (two buffers of it per rank)."""
+DEFAULT_SHM_ROUND_BYTES = 2 << 20
+"""Bytes each co-located rank stages per round in shared memory (two buffers of it per rank).
+
+A round's part per rank (this over the local ranks) is what a rank reduces, updates and stages
+while it is hot: at 1 MiB per part or less it stays in a core's L2 here. Measured with ResNet-50's
+gradients through ``all_reduce_apply`` (fused SGD), 2 MiB rounds against 4 MiB: 28.5 against
+32.6-33.4 ms at N=2, 83 against 86 ms at N=4; 64 MiB ``all_reduce`` no slower."""
 
 SETUP_SEQ = 2**63 - 1
 """The sequence number of the group's set-up collective (outside the numbering of calls)."""
