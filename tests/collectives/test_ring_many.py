@@ -52,3 +52,18 @@ def test_many_arrays_sum_exactly_and_alike_on_every_rank(world) -> None:
     for results in got:
         for result, n, w in zip(results, sizes, want, strict=True):
             assert result.shape == (n,) and (result == w).all()
+
+
+def test_arrays_of_several_dtypes_each_get_their_ring_run() -> None:
+    # One ring run per dtype, one after the other in the same exchange.
+    world = 3
+    sizes_dtypes = [(300_001, np.float64), (262_145, np.float32), (9, np.int32),
+                    (400_003, np.float32), (131_073, np.float64), (5, np.int64)]
+    values = [[np.full(n, r + 2 * i, dt) for i, (n, dt) in enumerate(sizes_dtypes)]
+              for r in range(world)]
+    hub, groups = make_groups(world)
+    got = run_ranks(lambda r: groups[r].all_reduce_many(values[r], "SUM"), world, timeout=50)
+    for results in got:
+        for i, (result, (n, dt)) in enumerate(zip(results, sizes_dtypes, strict=True)):
+            assert result.dtype == dt and result.shape == (n,)
+            assert (result == sum(r + 2 * i for r in range(world))).all()
