@@ -14,9 +14,9 @@ this module writes, and this module reads every message a stock serializer write
 tensor payload is handled by hand: ``TensorChunk.data`` is field 15, last on purpose, so a
 chunk is its header fields (serialized by protobuf, including ``padding``, field 14, sized so
 that the data starts at a multiple of :data:`ALIGN` in its message), then field 15's tag and
-length, then the array's buffer. Parsing walks the fields without copying; the small header fields of each
-message are handed to protobuf, so merged or repeated fields mean what they mean to protobuf
-(a repeated ``data`` keeps its last value; unknown fields are ignored).
+length, then the array's buffer. Parsing walks the fields without copying; the small header
+fields of each message are handed to protobuf, so merged or repeated fields mean what they mean
+to protobuf (a repeated ``data`` keeps its last value; unknown fields are ignored).
 
 Safety: every length read from the wire is checked against the bytes actually received before
 it is used, nothing is allocated from a size a peer claims, and a chunk's data must be exactly
