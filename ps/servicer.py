@@ -31,11 +31,17 @@ import grpc
 import numpy as np
 
 from cluster.deadline import Deadline
-from cluster.errors import VariableStoreError
+from cluster.errors import VariableMismatchError, VariableStoreError
+from cluster.ps._pieces import PieceAssembler
 from cluster.ps.store import AssignMode, VariableStore
 from cluster.transport._grpc_errors import abort_exhausted, abort_invalid, abort_store_error
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_codec import decode_push_request, encode_value_entry
+from cluster.transport._ps_codec import (
+    MIN_PIECE_BYTES,
+    decode_push_pieces,
+    decode_push_request,
+    encode_value_entry,
+)
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.ps_client import SERVICE, optimizer_from_proto, optimizer_to_proto
 from cluster.transport.server import TaskServer
@@ -99,6 +105,9 @@ class PsService:
                                     ps_pb2.CreateVariableReply),
             "Pull": unary(self._pull, ps_pb2.PullRequest, None),
             "Push": unary(self._push, None, ps_pb2.PushReply),
+            "PushChunks": grpc.stream_unary_rpc_method_handler(
+                self._guard(self._push_chunks),
+                response_serializer=ps_pb2.PushReply.SerializeToString),
             "Assign": unary(self._assign, ps_pb2.AssignRequest, ps_pb2.AssignReply),
             "ReadSlots": unary(self._read_slots, ps_pb2.ReadSlotsRequest,
                                ps_pb2.ReadSlotsReply),
@@ -161,6 +170,55 @@ class PsService:
             if name in grads:
                 raise ValueError(f"push: two gradients for variable {name}")
             grads[name] = grad
+        return self._push_grads(request, grads, context, holding=False)
+
+    def _push_chunks(self, messages, context):
+        """A ``PushChunks`` stream: its chunks are checked as they arrive and kept as views of
+        their messages; nothing is applied before the last one (a caller that dies mid-stream
+        changes nothing). The stream holds one of ``max_waiting`` places from its first message
+        to its answer, so streams and waiting pushes together leave RPC threads free."""
+        remaining = context.time_remaining()
+        if remaining is None or not math.isfinite(remaining) or remaining > MAX_SYNC_WAIT_SECONDS:
+            raise ValueError(f"PushChunks{self._where()} needs a gRPC deadline of at most "
+                             f"{MAX_SYNC_WAIT_SECONDS:.0f} s (a call timeout); this one has "
+                             "none, or a longer one: nothing read")
+        if not self._waiting.acquire(blocking=False):
+            raise _OverLimit(f"PushChunks{self._where()}: {self.max_waiting} streams and "
+                             "synchronous pushes already hold the server's places (the limit, "
+                             "so that health checks and pulls keep RPC threads); nothing read: "
+                             "push in one message, or retry later")
+        try:
+            header = None
+            assembler = PieceAssembler(MIN_PIECE_BYTES)
+            try:
+                for data in messages:
+                    request, pieces = decode_push_pieces(data)  # views of data: no copy
+                    if header is None:
+                        header = request
+                    elif request.ByteSize():
+                        raise ValueError("PushChunks: a message after the first holds header "
+                                         "fields; only the first may (later ones: gradients)")
+                    for name, (dtype, shape, start, flat) in pieces:
+                        nbytes = math.prod(shape) * dtype.itemsize
+                        if name not in assembler and self.store.nbytes(name) != nbytes:
+                            # Checked at once: what a stream may make us hold is bounded by the
+                            # sizes of the variables it names.
+                            raise VariableMismatchError(
+                                f"gradient of shape {shape} and dtype {dtype} ({nbytes} bytes) "
+                                f"for variable {name}{self._where()} of "
+                                f"{self.store.nbytes(name)} bytes", variable=name)
+                        assembler.add(name, shape, dtype, start, flat)
+            except grpc.RpcError:
+                return None  # the caller cancelled, or its deadline passed: nothing applied
+            if header is None:
+                raise ValueError("PushChunks: an empty stream; send at least one message")
+            return self._push_grads(header, assembler.finish(), context, holding=True)
+        finally:
+            self._waiting.release()
+
+    def _push_grads(self, request, grads, context, *, holding: bool):
+        """The push ``request``'s header asks for, of ``grads``; ``holding``: the caller holds
+        one of the ``max_waiting`` places already."""
         contributor = request.contributor if request.HasField("contributor") else None
         contributors = max(1, request.num_contributors)
         synchronous = contributors > 1 or contributor is not None
@@ -181,7 +239,7 @@ class PsService:
                     f"step, so it needs a gRPC deadline of at most {MAX_SYNC_WAIT_SECONDS:.0f} "
                     "s (a call timeout); this one has none, or a longer one: not counted")
             deadline = Deadline.after(max(0.0, remaining - _REPLY_MARGIN))
-            if not self._waiting.acquire(blocking=False):
+            if not holding and not self._waiting.acquire(blocking=False):
                 raise _OverLimit(f"synchronous push for step {request.step}{self._where()}: "
                                  f"{self.max_waiting} synchronous pushes already wait for their "
                                  "steps (the limit, so that health checks and pulls keep RPC "
@@ -192,7 +250,7 @@ class PsService:
                                        optimizer=optimizer_from_proto(request.optimizer),
                                        deadline=deadline)
         finally:
-            if wait:
+            if wait and not holding:
                 self._waiting.release()
         return ps_pb2.PushReply(versions=versions)
 

@@ -48,6 +48,7 @@ from cluster.errors import (
     VariableMismatchError,
     VariableNotFoundError,
 )
+from cluster.ps._pieces import GradientPieces
 from cluster.ps._sync_accumulator import Pending, SyncAccumulator
 
 __all__ = ["SYNC_WAIT_SECONDS", "AssignMode", "OptimizerSpec", "Pulled", "VariableStore"]
@@ -411,7 +412,15 @@ class VariableStore:
                 raise VariableMismatchError(f"gradient pushed for variable {name}{self._where()}, "
                                             "which is not trainable", variable=name)
             self._check_optimizer(var, optimizer)
-            checked.append((var, self._coerce(var, grad, "gradient")))
+            if isinstance(grad, GradientPieces):
+                if grad.shape != var.value.shape or grad.dtype != var.value.dtype:
+                    raise VariableMismatchError(
+                        f"gradient of shape {grad.shape} and dtype {grad.dtype} for variable "
+                        f"{name}{self._where()} of shape {var.value.shape} and dtype "
+                        f"{var.value.dtype}", variable=name)
+                checked.append((var, grad))
+            else:
+                checked.append((var, self._coerce(var, grad, "gradient")))
         return checked
 
     def _check_optimizer(self, var: _Variable, optimizer: OptimizerSpec | None) -> None:
@@ -453,21 +462,36 @@ class VariableStore:
                 var.adopt(optimizer)
             log.debug("variable %s%s adopted optimizer %s", var.name, self._where(), optimizer)
 
-    def _apply(self, var: _Variable, grad: np.ndarray) -> int:
-        """One optimizer update of ``var``; the caller holds ``var.lock``."""
+    def _apply(self, var: _Variable, grad: np.ndarray | GradientPieces) -> int:
+        """One optimizer update of ``var``; the caller holds ``var.lock``. A gradient in
+        pieces is applied a piece at a time to the matching elements of the variable and its
+        slots: the rules are elementwise, so the bytes are those of one update."""
         spec = var.optimizer
         assert spec is not None
         var.iterations += 1
-        if spec.rule == "sgd":
-            sgd_update(var.value, grad, var.slots.get("momentum"),
-                       learning_rate=spec.learning_rate, momentum=spec.momentum,
-                       nesterov=spec.nesterov)
+        if isinstance(grad, GradientPieces):
+            # The store's values and slots are its own C-contiguous arrays: reshape is a view.
+            value = var.value.reshape(-1)
+            slots = {k: v.reshape(-1) for k, v in var.slots.items()}
+            for start, flat in grad.pieces:
+                end = start + flat.size
+                self._rule(spec, var.iterations, value[start:end], flat,
+                           {k: v[start:end] for k, v in slots.items()})
         else:
-            adam_update(var.value, grad, var.slots["m"], var.slots["v"],
-                        learning_rate=spec.learning_rate, beta_1=spec.beta_1,
-                        beta_2=spec.beta_2, epsilon=spec.epsilon, iteration=var.iterations)
+            self._rule(spec, var.iterations, var.value, grad, var.slots)
         var.version += 1
         return var.version
+
+    @staticmethod
+    def _rule(spec: OptimizerSpec, iteration: int, value: np.ndarray, grad: np.ndarray,
+              slots: Mapping[str, np.ndarray]) -> None:
+        if spec.rule == "sgd":
+            sgd_update(value, grad, slots.get("momentum"), learning_rate=spec.learning_rate,
+                       momentum=spec.momentum, nesterov=spec.nesterov)
+        else:
+            adam_update(value, grad, slots["m"], slots["v"], learning_rate=spec.learning_rate,
+                        beta_1=spec.beta_1, beta_2=spec.beta_2, epsilon=spec.epsilon,
+                        iteration=iteration)
 
     def push(self, grads: Mapping[str, Any], *, step: int | None = None,
              num_contributors: int = 1, contributor: int | None = None, wait: bool = True,
@@ -475,7 +499,9 @@ class VariableStore:
              deadline: Deadline | None = None) -> list[int]:
         """Apply (or contribute) gradients; returns each variable's version, in ``grads`` order.
 
-        Every gradient is checked before any is used, so a refused push changes nothing.
+        Every gradient is checked before any is used, so a refused push changes nothing. A
+        gradient is an array or a :class:`~cluster.ps._pieces.GradientPieces` (a ``PushChunks``
+        stream's, applied piece by piece without joining; joined for a synchronous push).
         ``optimizer``: a variable that has none adopts it (its zero slots are created); one that
         has an optimizer must have this one. Without it, every variable needs an optimizer.
 
@@ -535,6 +561,9 @@ class VariableStore:
                 with var.lock:
                     versions.append(self._apply(var, grad))
             return versions
+        # A synchronous contribution is kept until its step completes: as one array.
+        checked = [(var, grad.join() if isinstance(grad, GradientPieces) else grad)
+                   for var, grad in checked]
         if step is None or isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or step < 0:
             raise ValueError(f"synchronous push (num_contributors={num_contributors}, "

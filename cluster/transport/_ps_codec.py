@@ -27,17 +27,18 @@ the offset, which a servicer answers with INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from cluster.transport._pb import ps_pb2, tensor_pb2
-from cluster.transport._ps_wire import check_array, to_array
+from cluster.transport._ps_wire import check_array, to_array, to_piece
 
-__all__ = ["ALIGN", "decode_pull_reply", "decode_push_request", "encode_push_request",
-           "encode_value_entry"]
+__all__ = ["ALIGN", "MIN_PIECE_BYTES", "decode_pull_reply", "decode_push_pieces",
+           "decode_push_request", "encode_push_request", "encode_value_entry",
+           "push_chunk_messages"]
 
 _LEN = 2  # wire type of length-delimited fields
 _VARINT, _I64, _I32 = 0, 1, 5
@@ -67,26 +68,29 @@ computes on it at full speed (on a misaligned float32 view it goes through buffe
 16 MiB SGD update measured 6.4 ms against 4.0 ms). ``TensorChunk.padding`` takes up the slack."""
 
 
-def _chunk_parts(array: np.ndarray, what: str, pad: int) -> list[Any]:
-    """A ``TensorChunk`` holding ``array`` (with ``pad`` bytes of padding), as byte strings and a
-    view of the array's buffer (not copied here), the view last."""
-    array, wire = check_array(array, what)
-    n = array.nbytes
-    head = tensor_pb2.TensorChunk(total_bytes=n, padding=bytes(pad))
+def _chunk_parts(array: np.ndarray, wire: int, pad: int, lo: int, hi: int) -> list[Any]:
+    """A ``TensorChunk`` holding bytes ``[lo, hi)`` of ``array`` (checked, C-order little-endian;
+    with ``pad`` bytes of padding), as byte strings and a view of the array's buffer (not copied
+    here), the view last."""
+    head = tensor_pb2.TensorChunk(offset=lo, total_bytes=array.nbytes, padding=bytes(pad))
     head.meta.dtype = wire
     head.meta.shape[:] = array.shape
     parts: list[Any] = [head.SerializeToString()]
-    if n:  # proto3 leaves an empty bytes field out
-        parts += [_DATA_TAG + _varint(n), array.reshape(-1).view(np.uint8)]
+    if hi > lo:  # proto3 leaves an empty bytes field out
+        parts += [_DATA_TAG + _varint(hi - lo), array.reshape(-1).view(np.uint8)[lo:hi]]
     return parts
 
 
-def _entry_parts(name: str, version: int, array: np.ndarray, what: str, at: int) -> list[Any]:
+def _entry_parts(name: str, version: int, array: np.ndarray, what: str, at: int,
+                 span: tuple[int, int] | None = None) -> list[Any]:
     """A ``VariableValue`` as field 1 of its parent (tag, length, message), in parts, its data
-    starting at a multiple of :data:`ALIGN` counted from ``at`` bytes before the entry."""
+    starting at a multiple of :data:`ALIGN` counted from ``at`` bytes before the entry; ``span``:
+    the byte range of ``array`` it carries (default: all of it)."""
+    array, wire = check_array(array, what)
+    lo, hi = span or (0, array.nbytes)
     pad = 0
     for _ in range(8):  # each try may lengthen a varint around it, which only ever grows
-        chunk = _chunk_parts(array, what, pad)
+        chunk = _chunk_parts(array, wire, pad, lo, hi)
         chunk_len = sum(len(part) for part in chunk)
         head = ps_pb2.VariableValue(name=name, version=version).SerializeToString() \
             + _VALUE_TAG + _varint(chunk_len)
@@ -125,6 +129,58 @@ def encode_push_request(grads: Mapping[str, np.ndarray], header: ps_pb2.PushRequ
         parts += entry
     parts.append(header.SerializeToString())  # fields 2.. after field 1, as protobuf orders them
     return b"".join(parts)
+
+
+MIN_PIECE_BYTES = 64 << 10
+"""The smallest chunk :func:`push_chunk_messages` splits off a gradient (but its last): a
+receiver refuses gradients in more than ``1 + nbytes // MIN_PIECE_BYTES`` chunks."""
+
+
+def push_chunk_messages(grads: Mapping[str, np.ndarray], header: ps_pb2.PushRequest,
+                        chunk_bytes: int) -> list[Callable[[], bytes]]:
+    """The messages of a ``PushChunks`` stream, each a call that writes it (copying its part of
+    the gradients once, when called, so a sender writes message k+1 while message k travels).
+
+    Every gradient is checked here, before any message is written (``TypeError``,
+    ``ValueError`` as :func:`encode_push_request`). The first message holds ``header``'s fields
+    (its ``gradients`` must be empty). Messages hold about ``chunk_bytes`` of tensor data:
+    small gradients whole, large ones split at multiples of :data:`ALIGN` bytes into chunks of
+    at least :data:`MIN_PIECE_BYTES` (but a gradient's last).
+    """
+    if len(header.gradients):
+        raise ValueError("push_chunk_messages: the header must not hold gradients")
+    if chunk_bytes < MIN_PIECE_BYTES:
+        raise ValueError(f"chunk_bytes must be at least {MIN_PIECE_BYTES}, got {chunk_bytes}")
+    plan: list[list[tuple[str, np.ndarray, int, int]]] = [[]]
+    room = chunk_bytes
+    for name, grad in grads.items():
+        array, _ = check_array(grad, f"gradient of {name}")
+        lo, n = 0, array.nbytes
+        while True:
+            if n - lo > room and plan[-1] and room < MIN_PIECE_BYTES:
+                plan.append([])
+                room = chunk_bytes
+            hi = n if n - lo <= room else lo + room // ALIGN * ALIGN
+            plan[-1].append((name, array, lo, hi))
+            room -= hi - lo
+            lo = hi
+            if lo == n:
+                break
+    tail = header.SerializeToString()
+
+    def message(entries: list[tuple[str, np.ndarray, int, int]], first: bool) -> bytes:
+        parts: list[Any] = []
+        at = 0
+        for name, array, lo, hi in entries:
+            entry = _entry_parts(name, 0, array, f"gradient of {name}", at, (lo, hi))
+            at += sum(len(part) for part in entry)
+            parts += entry
+        if first:
+            parts.append(tail)  # fields 2.. after field 1, as protobuf orders them
+        return b"".join(parts)
+
+    return [lambda entries=entries, first=(i == 0): message(entries, first)
+            for i, entries in enumerate(plan)]
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -180,8 +236,9 @@ def _parse_header(message_type: Any, parts: list[memoryview], what: str) -> Any:
         raise ValueError(f"{what}: malformed header fields: {e}") from e
 
 
-def _chunk(buf: memoryview, ranges: list[tuple[int, int]], what: str) -> np.ndarray:
-    """The array of a ``TensorChunk`` given as one or more (merged) byte ranges of ``buf``."""
+def _chunk(buf: memoryview, ranges: list[tuple[int, int]], what: str, make: Callable) -> Any:
+    """``make(dtype, shape, offset, total_bytes, data, what)`` of a ``TensorChunk`` given as one
+    or more (merged) byte ranges of ``buf``: :func:`to_array` or :func:`to_piece`."""
     head: list[memoryview] = []
     data: memoryview = memoryview(b"")
     for start, end in ranges:
@@ -193,12 +250,12 @@ def _chunk(buf: memoryview, ranges: list[tuple[int, int]], what: str) -> np.ndar
             else:
                 head.append(buf[field_start:value_end])
     chunk = _parse_header(tensor_pb2.TensorChunk, head, what)
-    return to_array(chunk.meta.dtype, chunk.meta.shape, chunk.offset, chunk.total_bytes, data,
-                    what)
+    return make(chunk.meta.dtype, chunk.meta.shape, chunk.offset, chunk.total_bytes, data, what)
 
 
-def _value(buf: memoryview, start: int, end: int, what: str) -> tuple[str, int, np.ndarray]:
-    """``(name, version, array)`` of the ``VariableValue`` in ``buf[start:end]``."""
+def _value(buf: memoryview, start: int, end: int, what: str,
+           make: Callable) -> tuple[str, int, Any]:
+    """``(name, version, make(...))`` of the ``VariableValue`` in ``buf[start:end]``."""
     head: list[memoryview] = []
     chunk: list[tuple[int, int]] = []
     for number, wire, field_start, value_start, value_end in _fields(buf, start, end, what):
@@ -207,11 +264,11 @@ def _value(buf: memoryview, start: int, end: int, what: str) -> tuple[str, int, 
         else:
             head.append(buf[field_start:value_end])
     value = _parse_header(ps_pb2.VariableValue, head, what)
-    return value.name, value.version, _chunk(buf, chunk, f"{what} ({value.name!r})")
+    return value.name, value.version, _chunk(buf, chunk, f"{what} ({value.name!r})", make)
 
 
-def _entries(data: Buffer, what: str) -> tuple[list[tuple[str, int, np.ndarray]],
-                                               list[memoryview]]:
+def _entries(data: Buffer, what: str, make: Callable = to_array
+             ) -> tuple[list[tuple[str, int, Any]], list[memoryview]]:
     """The field-1 ``VariableValue`` entries of a message and its other fields (raw)."""
     buf = memoryview(data).cast("B")
     values, rest = [], []
@@ -219,7 +276,8 @@ def _entries(data: Buffer, what: str) -> tuple[list[tuple[str, int, np.ndarray]]
         if number == 1:
             if wire != _LEN:
                 raise ValueError(f"{what}: field 1 with wire type {wire}")
-            values.append(_value(buf, value_start, value_end, f"{what}, entry {len(values)}"))
+            values.append(_value(buf, value_start, value_end, f"{what}, entry {len(values)}",
+                                 make))
         else:
             rest.append(buf[field_start:value_end])
     return values, rest
@@ -241,3 +299,14 @@ def decode_push_request(data: Buffer) -> tuple[ps_pb2.PushRequest,
     values, rest = _entries(data, "PushRequest")
     return (_parse_header(ps_pb2.PushRequest, rest, "PushRequest"),
             [(name, array) for name, _, array in values])
+
+
+def decode_push_pieces(data: Buffer) -> tuple[ps_pb2.PushRequest,
+                                              list[tuple[str, tuple[Any, ...]]]]:
+    """``(header, [(name, (dtype, shape, start, flat))])`` of one serialized ``PushRequest`` of
+    a ``PushChunks`` stream: each gradient entry is one chunk of its tensor, as
+    :func:`~cluster.transport._ps_wire.to_piece` reads it (``flat``: a read-only view of
+    ``data``). Raises ``ValueError`` for a malformed message."""
+    values, rest = _entries(data, "PushRequest", to_piece)
+    return (_parse_header(ps_pb2.PushRequest, rest, "PushRequest"),
+            [(name, piece) for name, _, piece in values])

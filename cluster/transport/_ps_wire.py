@@ -17,7 +17,7 @@ from cluster import errors
 from cluster.transport._pb import tensor_pb2
 
 __all__ = ["ERROR_KEY", "MAX_TENSOR_BYTES", "STORE_ERRORS", "check_array", "fill_chunk",
-           "from_chunk", "to_array", "to_chunk"]
+           "from_chunk", "to_array", "to_chunk", "to_piece"]
 
 MAX_TENSOR_BYTES = (2 << 30) - (64 << 20)
 
@@ -104,3 +104,29 @@ def to_array(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: 
                          f"{dtype}, got offset {offset}, {len(data)} of "
                          f"{total_bytes} bytes (chunked tensors are not supported)")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def to_piece(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: int,
+             data: bytes | memoryview, what: str) -> tuple[np.dtype, tuple[int, ...], int,
+                                                          np.ndarray]:
+    """``(dtype, shape, start, flat)`` of one chunk of a tensor (``PushChunks``): ``flat`` a
+    read-only 1-D view of ``data`` holding elements ``[start, start + flat.size)``.
+
+    Checked before anything is made of it: a known dtype, no negative dimension,
+    ``total_bytes`` exactly ``prod(shape) * itemsize``, ``offset`` and ``len(data)`` whole
+    elements, and ``data`` inside the tensor. Raises ``ValueError`` naming ``what`` otherwise.
+    """
+    dtype = _FROM_WIRE.get(dtype_number)
+    if dtype is None:
+        raise ValueError(f"{what}: unsupported or missing dtype {dtype_number}")
+    shape = tuple(shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{what}: negative dimension in shape {shape}")
+    expected = math.prod(shape) * dtype.itemsize
+    if total_bytes != expected:
+        raise ValueError(f"{what}: total_bytes {total_bytes} for shape {shape} {dtype}, which "
+                         f"holds {expected} bytes")
+    if offset % dtype.itemsize or len(data) % dtype.itemsize or offset + len(data) > expected:
+        raise ValueError(f"{what}: a chunk of {len(data)} bytes at offset {offset} is not whole "
+                         f"{dtype} elements inside the tensor's {expected} bytes")
+    return dtype, shape, offset // dtype.itemsize, np.frombuffer(data, dtype=dtype)

@@ -24,7 +24,7 @@ from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
 from cluster.transport._grpc_errors import is_exhausted, translate
 from cluster.transport._pb import ps_pb2
-from cluster.transport._ps_codec import decode_pull_reply, encode_push_request
+from cluster.transport._ps_codec import decode_pull_reply, encode_push_request, push_chunk_messages
 from cluster.transport._ps_wire import fill_chunk, from_chunk
 from cluster.transport.api import PeerInfo
 from cluster.transport.auth import Token
@@ -36,10 +36,21 @@ __all__ = ["SERVICE", "PsClient", "PsWatch", "optimizer_from_proto", "optimizer_
 
 SERVICE = "cluster_runtime.v1.ParameterServer"
 DEFAULT_TIMEOUT = 30.0
+#: A push of at least this many gradient bytes goes as a ``PushChunks`` stream of messages of
+#: :data:`CHUNK_BYTES`: the next message is written while the last travels. 16 MiB to one ps
+#: measured 0.74-0.84x of a bare gRPC echo so against 0.70-0.71x in one message, alternating
+#: (README, "Parameter-server transfers"); 1 MiB messages cost more per message, 4 MiB overlap
+#: less.
+STREAM_MIN_BYTES = 4 << 20
+CHUNK_BYTES = 2 << 20
 
 
 class _ReplyTooLarge(Exception):
     """The server refused a Pull whose reply would exceed its limit (RESOURCE_EXHAUSTED)."""
+
+
+class _StreamRefused(Exception):
+    """The server had no place for a PushChunks stream (RESOURCE_EXHAUSTED, nothing read)."""
 
 
 def optimizer_to_proto(spec: OptimizerSpec | None) -> ps_pb2.OptimizerConfig:
@@ -93,6 +104,8 @@ class PsClient:
                 ("WriteSlots", ps_pb2.WriteSlotsRequest, ps_pb2.WriteSlotsReply),
             ]
         }
+        self._push_chunks = self._channel.stream_unary(
+            f"/{SERVICE}/PushChunks", response_deserializer=ps_pb2.PushReply.FromString)
 
     def __repr__(self) -> str:
         return f"PsClient({self.task} at {self.address})"
@@ -181,12 +194,36 @@ class PsClient:
                                     contributor=contributor, no_wait=not wait)
         if optimizer is not None:
             header.optimizer.CopyFrom(optimizer_to_proto(optimizer))
-        # Each gradient copied once, straight into the request's bytes.
-        request = encode_push_request({n: np.asarray(g) for n, g in grads.items()}, header)
+        arrays = {n: np.asarray(g) for n, g in grads.items()}
         activity = (f"push of {len(grads)} gradients"
                     + (f" for step {step}" if step is not None else "")
                     + (f" by contributor {contributor}" if contributor is not None else ""))
+        if sum(a.nbytes for a in arrays.values()) >= STREAM_MIN_BYTES:
+            try:
+                return self._push_streamed(arrays, header, timeout, activity)
+            except _StreamRefused:
+                pass  # the server's places are taken (nothing was read): one message then
+        # Each gradient copied once, straight into the request's bytes.
+        request = encode_push_request(arrays, header)
         return list(self._call("Push", request, timeout, activity).versions)
+
+    def _push_streamed(self, arrays: Mapping[str, np.ndarray], header: ps_pb2.PushRequest,
+                       timeout: float | None, activity: str) -> list[int]:
+        """:meth:`push` as a ``PushChunks`` stream; raises :class:`_StreamRefused` when the
+        server has no place for a stream (it read nothing: a retry in one message is safe)."""
+        writers = push_chunk_messages(arrays, header, CHUNK_BYTES)  # checks every gradient
+        seconds = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        try:
+            # gRPC takes the messages from its own thread, writing each as the last goes out.
+            reply = self._push_chunks((write() for write in writers), timeout=seconds,
+                                      metadata=self._token.metadata)
+        except grpc.RpcError as e:
+            if is_exhausted(e):  # only the places refusal: before reading, nothing applied
+                raise _StreamRefused(e.details()) from e
+            raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
+                            seconds=time.monotonic() - start) from e
+        return list(reply.versions)
 
     def assign(self, name: str, value: Any, mode: AssignMode = AssignMode.ASSIGN, *,
                timeout: float | None = None) -> int:

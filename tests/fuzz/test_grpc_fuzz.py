@@ -43,8 +43,10 @@ CLIENT_ERRORS = frozenset({
     grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED,
 })
 PUSH = "/cluster_runtime.v1.ParameterServer/Push"
+PUSH_CHUNKS = "/cluster_runtime.v1.ParameterServer/PushChunks"
 # A synchronous push waits for its step's other contributors (none come) until its deadline.
-SHORT_DEADLINE = {PUSH: (2.0, {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})}
+SHORT_DEADLINE = {path: (2.0, {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
+                  for path in (PUSH, PUSH_CHUNKS)}
 CALL_TIMEOUT = 60.0  # an answer must come; generous for a loaded 2-core machine
 # Measured +7-8 MiB after 50 and after 500 examples per method (flat: warm-up, not a leak);
 # the bound leaves room for glibc arenas of 32 RPC threads on a busy machine.

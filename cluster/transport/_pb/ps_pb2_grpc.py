@@ -49,6 +49,11 @@ class ParameterServerStub:
                 request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.SerializeToString,
                 response_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.PushChunks = channel.stream_unary(
+                '/cluster_runtime.v1.ParameterServer/PushChunks',
+                request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.SerializeToString,
+                response_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.FromString,
+                _registered_method=True)
         self.Assign = channel.unary_unary(
                 '/cluster_runtime.v1.ParameterServer/Assign',
                 request_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.AssignRequest.SerializeToString,
@@ -87,6 +92,19 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushChunks(self, request_iterator, context):
+        """Push in several messages, for large gradients: the first message holds the header fields
+        (every field but `gradients`), later messages hold only gradients; a gradient may be split
+        over entries of any messages, each a TensorChunk of the whole tensor's meta, its `offset` and
+        `total_bytes`. The chunks of one gradient must cover it exactly, without overlap. Nothing is
+        applied until the stream ends: then the push means what the same gradients in one Push mean.
+        The sender overlaps writing message k+1 with the transfer of message k (README,
+        "Parameter-server transfers").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Assign(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -120,6 +138,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             ),
             'Push': grpc.unary_unary_rpc_method_handler(
                     servicer.Push,
+                    request_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.FromString,
+                    response_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.SerializeToString,
+            ),
+            'PushChunks': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushChunks,
                     request_deserializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.FromString,
                     response_serializer=cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.SerializeToString,
             ),
@@ -218,6 +241,33 @@ class ParameterServer:
             request,
             target,
             '/cluster_runtime.v1.ParameterServer/Push',
+            cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.SerializeToString,
+            cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushChunks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cluster_runtime.v1.ParameterServer/PushChunks',
             cluster_dot_transport_dot___pb_dot_ps__pb2.PushRequest.SerializeToString,
             cluster_dot_transport_dot___pb_dot_ps__pb2.PushReply.FromString,
             options,
