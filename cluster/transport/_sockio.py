@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 from cluster.deadline import Deadline
 
-__all__ = ["Reader", "recv_exact", "send_all", "shutdown", "tune"]
+__all__ = ["LOCAL_BUFFER_BYTES", "Reader", "recv_exact", "send_all", "shutdown", "tune"]
 
 _STAGING_BYTES = 256 << 10
 
@@ -44,11 +45,42 @@ def send_all(sock: socket.socket, data: bytes, deadline: Deadline) -> None:
     sock.sendall(data)  # since Python 3.5 the timeout bounds the whole sendall
 
 
+LOCAL_BUFFER_BYTES = 512 << 10
+"""SO_SNDBUF and SO_RCVBUF of a connection between two processes of one host (see :func:`tune`)."""
+
+
 def tune(sock: socket.socket) -> None:
-    # Small frames (handshakes, doubling rounds) must leave at once. Buffer sizes are left to
-    # the kernel's autotuning: explicit SO_SNDBUF/SO_RCVBUF cap them at 2 x net.core.*mem_max
-    # (8 MiB here, below the 32 MiB autotuning reaches) and measured no better on loopback.
+    """Tune a connected data-plane socket.
+
+    Small frames (handshakes, doubling rounds) must leave at once: ``TCP_NODELAY``.
+
+    Buffer sizes: across hosts they are left to the kernel's autotuning, which grows them to
+    the link's bandwidth-delay product (a fixed size would cap a long or fast link). Between two
+    processes of one host (the network path forced among co-located tasks) the delay is
+    microseconds, and autotuning still grows the receive buffer to its 32 MiB maximum: the
+    bytes in flight then leave the caches before the receiver copies them out, and both
+    kernel copies run from memory. :data:`LOCAL_BUFFER_BYTES` keeps them in cache: the
+    ring all-reduce of 102 MB at N = 2 measured 68-71 ms against 80-85 ms (alternating
+    runs), and two processes exchanging 51 MB each way used 24-30 ms of CPU each against
+    35-46 ms. Larger explicit buffers (2 MiB and more) measured no better than autotuning.
+    """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if _same_host(sock):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LOCAL_BUFFER_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LOCAL_BUFFER_BYTES)
+
+
+def _same_host(sock: socket.socket) -> bool:
+    """Whether ``sock`` connects two processes of this host: a loopback peer, or the peer's
+    address is our own end's (both ends on one interface of this host)."""
+    try:
+        local, peer = sock.getsockname()[0], sock.getpeername()[0]
+    except OSError:
+        return False  # not connected (any more): nothing to tune
+    try:
+        return ipaddress.ip_address(peer.split("%")[0]).is_loopback or peer == local
+    except ValueError:
+        return False
 
 
 class Reader:
