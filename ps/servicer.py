@@ -19,6 +19,11 @@ Limits, so that no request can exhaust the task (each refusal names its limit):
   ``max_contributors`` contributors (the workers and chief of the cluster; INVALID_ARGUMENT), and
   at most ``max_waiting`` such pushes wait at once (RESOURCE_EXHAUSTED for more), so that
   Check, Pull and heartbeats always find one of the server's RPC threads.
+- A ``PushChunks`` stream must carry such a deadline too, and holds one of the same
+  ``max_waiting`` places from its first message to its answer (RESOURCE_EXHAUSTED before a
+  byte is read when none is free; ``PsClient`` then pushes in one message). Each chunk is checked
+  as it arrives (:class:`~cluster.ps._pieces.PieceAssembler`): its variable must exist with the
+  tensor's size, so what a stream makes the task hold is bounded by the variables it names.
 """
 
 from __future__ import annotations
