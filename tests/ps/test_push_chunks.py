@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from cluster.ctl.certs import write_host_cert
 from cluster.errors import VariableMismatchError
 from cluster.ps import OptimizerSpec, VariableStore
 from cluster.ps._pieces import GradientPieces, PieceAssembler
@@ -24,6 +25,7 @@ from cluster.transport._ps_codec import (
 from cluster.transport.auth import Token
 from cluster.transport.ps_client import SERVICE, PsClient
 from cluster.transport.server import CHANNEL_OPTIONS, TaskServer
+from cluster.transport.tls import TlsConfig
 from ps.servicer import PsService
 
 pytestmark = pytest.mark.timeout(60)
@@ -285,3 +287,22 @@ def test_with_no_place_for_a_stream_the_client_pushes_in_one_message(served, mon
         assert ps.push({"w": np.ones(BIG, F32)}) == [2]
     assert sent == [1]
     assert np.all(service.store.pull(["w"])[0].value == -1)
+
+
+def test_a_streamed_push_travels_over_mutual_tls(tmp_path) -> None:
+    write_host_cert(tmp_path, [], name="cluster")
+    token = Token("s3cret-tls-chunks", TlsConfig.load(cert=tmp_path / "cluster.pem",
+                                                      key=tmp_path / "cluster.key",
+                                                      ca=tmp_path / "ca.pem"))
+    server = TaskServer("127.0.0.1:0", token)
+    store = VariableStore("ps:0")
+    PsService(store, "ps:0").install(server)
+    server.start()
+    try:
+        store.create("w", np.zeros(BIG, F32), optimizer=OptimizerSpec.sgd(0.5))
+        grad = np.random.default_rng(9).standard_normal(BIG).astype(F32)
+        with PsClient(server.address, token, task="ps:0", timeout=20) as ps:
+            assert ps.push({"w": grad}) == [2]
+        assert store.pull(["w"])[0].value.tobytes() == (-(F32(0.5) * grad)).tobytes()
+    finally:
+        server.stop(grace=0)
