@@ -10,7 +10,8 @@ Every process is real and fresh: ``python -m ps`` tasks with a cluster token, on
 Transfer: this process is the client (``PsConnections``, as a worker's). A variable of ``size``
 bytes (float32) is split in equal shards over ``ps`` tasks (one request per task, concurrently,
 as a step does); ``pull`` asks for all of it with ``newer_than=0`` so every byte moves, ``push``
-sends a gradient of the same size that the ps applies with SGD (so push includes the update).
+sends a gradient of the same size that the ps applies with SGD (so push includes the update;
+from ``STREAM_MIN_BYTES``, 4 MiB, per ps as a ``PushChunks`` stream, as ``PsClient`` does).
 MB/s = 10^6 bytes / s of the variable's size; ms = latency of one call; medians of ``--iters``
 after ``--warmup``. ``gRPC echo`` rows are the floor: bare grpcio unary calls to a server in
 another process that answers a preallocated ``size``-byte reply (pull) or swallows a
