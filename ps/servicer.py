@@ -68,6 +68,15 @@ MAX_WAITING_PUSHES = 24
 _MAX_CONTRIBUTORS_UNKNOWN_CLUSTER = 1024
 
 
+def _bounded_deadline(context: grpc.ServicerContext) -> float | None:
+    """The call's remaining seconds, or ``None`` when it has no gRPC deadline (its remaining
+    time is then unbounded, or absent) or one beyond :data:`MAX_SYNC_WAIT_SECONDS`."""
+    remaining = context.time_remaining()
+    if remaining is None or not math.isfinite(remaining) or remaining > MAX_SYNC_WAIT_SECONDS:
+        return None
+    return remaining
+
+
 class _OverLimit(Exception):
     """A well-formed request the service refuses for one of its limits (RESOURCE_EXHAUSTED)."""
 
@@ -182,8 +191,7 @@ class PsService:
         their messages; nothing is applied before the last one (a caller that dies mid-stream
         changes nothing). The stream holds one of ``max_waiting`` places from its first message
         to its answer, so streams and waiting pushes together leave RPC threads free."""
-        remaining = context.time_remaining()
-        if remaining is None or not math.isfinite(remaining) or remaining > MAX_SYNC_WAIT_SECONDS:
+        if _bounded_deadline(context) is None:
             raise ValueError(f"PushChunks{self._where()} needs a gRPC deadline of at most "
                              f"{MAX_SYNC_WAIT_SECONDS:.0f} s (a call timeout); this one has "
                              "none, or a longer one: nothing read")
@@ -235,10 +243,8 @@ class PsService:
         wait = synchronous and not request.no_wait
         deadline = None
         if wait:
-            remaining = context.time_remaining()
-            # Without a gRPC deadline the call's remaining time is unbounded (or absent).
-            if remaining is None or not math.isfinite(remaining) \
-                    or remaining > MAX_SYNC_WAIT_SECONDS:
+            remaining = _bounded_deadline(context)
+            if remaining is None:
                 raise ValueError(
                     f"synchronous push for step {request.step}{self._where()} waits for its "
                     f"step, so it needs a gRPC deadline of at most {MAX_SYNC_WAIT_SECONDS:.0f} "

@@ -373,12 +373,17 @@ class VariableStore:
                 raise VariableMismatchError(f"{what} for variable {var.name}{self._where()} is "
                                             f"not a {var.value.dtype} array: {e}",
                                             variable=var.name) from e
-        if array.shape != var.value.shape or array.dtype != var.value.dtype:
+        self._check_like(var, array.shape, array.dtype, what)
+        return array
+
+    def _check_like(self, var: _Variable, shape: tuple[int, ...], dtype: np.dtype,
+                    what: str) -> None:
+        """Raise :class:`VariableMismatchError` unless ``shape`` and ``dtype`` are ``var``'s."""
+        if shape != var.value.shape or dtype != var.value.dtype:
             raise VariableMismatchError(
-                f"{what} of shape {array.shape} and dtype {array.dtype} for variable {var.name}"
+                f"{what} of shape {shape} and dtype {dtype} for variable {var.name}"
                 f"{self._where()} of shape {var.value.shape} and dtype {var.value.dtype}",
                 variable=var.name)
-        return array
 
     def assign(self, name: str, value: Any, mode: AssignMode = AssignMode.ASSIGN) -> int:
         """Set (``ASSIGN``), add to or subtract from variable ``name``; returns the new version.
@@ -413,11 +418,7 @@ class VariableStore:
                                             "which is not trainable", variable=name)
             self._check_optimizer(var, optimizer)
             if isinstance(grad, GradientPieces):
-                if grad.shape != var.value.shape or grad.dtype != var.value.dtype:
-                    raise VariableMismatchError(
-                        f"gradient of shape {grad.shape} and dtype {grad.dtype} for variable "
-                        f"{name}{self._where()} of shape {var.value.shape} and dtype "
-                        f"{var.value.dtype}", variable=name)
+                self._check_like(var, grad.shape, grad.dtype, "gradient")
                 checked.append((var, grad))
             else:
                 checked.append((var, self._coerce(var, grad, "gradient")))

@@ -84,6 +84,19 @@ def from_chunk(chunk: tensor_pb2.TensorChunk, what: str) -> np.ndarray:
                     chunk.data, what)
 
 
+def _meta(dtype_number: int, shape: Sequence[int], what: str
+          ) -> tuple[np.dtype, tuple[int, ...], int]:
+    """``(dtype, shape, nbytes)`` of a tensor's wire meta: a known dtype and no negative
+    dimension, else ``ValueError`` naming ``what``."""
+    dtype = _FROM_WIRE.get(dtype_number)
+    if dtype is None:
+        raise ValueError(f"{what}: unsupported or missing dtype {dtype_number}")
+    shape = tuple(shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{what}: negative dimension in shape {shape}")
+    return dtype, shape, math.prod(shape) * dtype.itemsize
+
+
 def to_array(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: int,
              data: bytes | memoryview, what: str) -> np.ndarray:
     """The array a whole-tensor chunk of these fields describes: a read-only view of ``data``.
@@ -92,13 +105,7 @@ def to_array(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: 
     ``data``, ``total_bytes`` both exactly ``prod(shape) * itemsize`` at offset 0. Raises
     ``ValueError`` naming ``what`` otherwise (chunked tensors are not supported).
     """
-    dtype = _FROM_WIRE.get(dtype_number)
-    if dtype is None:
-        raise ValueError(f"{what}: unsupported or missing dtype {dtype_number}")
-    shape = tuple(shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{what}: negative dimension in shape {shape}")
-    expected = math.prod(shape) * dtype.itemsize
+    dtype, shape, expected = _meta(dtype_number, shape, what)
     if offset != 0 or total_bytes != expected or len(data) != expected:
         raise ValueError(f"{what}: expected one chunk of {expected} bytes for shape {shape} "
                          f"{dtype}, got offset {offset}, {len(data)} of "
@@ -116,13 +123,7 @@ def to_piece(dtype_number: int, shape: Sequence[int], offset: int, total_bytes: 
     ``total_bytes`` exactly ``prod(shape) * itemsize``, ``offset`` and ``len(data)`` whole
     elements, and ``data`` inside the tensor. Raises ``ValueError`` naming ``what`` otherwise.
     """
-    dtype = _FROM_WIRE.get(dtype_number)
-    if dtype is None:
-        raise ValueError(f"{what}: unsupported or missing dtype {dtype_number}")
-    shape = tuple(shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{what}: negative dimension in shape {shape}")
-    expected = math.prod(shape) * dtype.itemsize
+    dtype, shape, expected = _meta(dtype_number, shape, what)
     if total_bytes != expected:
         raise ValueError(f"{what}: total_bytes {total_bytes} for shape {shape} {dtype}, which "
                          f"holds {expected} bytes")

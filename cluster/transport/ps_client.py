@@ -104,7 +104,8 @@ class PsClient:
                 ("WriteSlots", ps_pb2.WriteSlotsRequest, ps_pb2.WriteSlotsReply),
             ]
         }
-        self._push_chunks = self._channel.stream_unary(
+        # Messages written by _ps_codec.push_chunk_messages; called like the others.
+        self._calls["PushChunks"] = self._channel.stream_unary(
             f"/{SERVICE}/PushChunks", response_deserializer=ps_pb2.PushReply.FromString)
 
     def __repr__(self) -> str:
@@ -127,6 +128,8 @@ class PsClient:
         except grpc.RpcError as e:
             if method == "Pull" and is_exhausted(e):
                 raise _ReplyTooLarge(e.details()) from e
+            if method == "PushChunks" and is_exhausted(e):  # the places refusal: nothing read
+                raise _StreamRefused(e.details()) from e
             # The time that really passed (a refused connection fails at once), and the budget.
             raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
                             seconds=time.monotonic() - start) from e
@@ -212,18 +215,9 @@ class PsClient:
         """:meth:`push` as a ``PushChunks`` stream; raises :class:`_StreamRefused` when the
         server has no place for a stream (it read nothing: a retry in one message is safe)."""
         writers = push_chunk_messages(arrays, header, CHUNK_BYTES)  # checks every gradient
-        seconds = self.timeout if timeout is None else timeout
-        start = time.monotonic()
-        try:
-            # gRPC takes the messages from its own thread, writing each as the last goes out.
-            reply = self._push_chunks((write() for write in writers), timeout=seconds,
-                                      metadata=self._token.metadata)
-        except grpc.RpcError as e:
-            if is_exhausted(e):  # only the places refusal: before reading, nothing applied
-                raise _StreamRefused(e.details()) from e
-            raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
-                            seconds=time.monotonic() - start) from e
-        return list(reply.versions)
+        # gRPC takes the messages from its own thread, writing each as the last goes out.
+        messages = (write() for write in writers)
+        return list(self._call("PushChunks", messages, timeout, activity).versions)
 
     def assign(self, name: str, value: Any, mode: AssignMode = AssignMode.ASSIGN, *,
                timeout: float | None = None) -> int:
