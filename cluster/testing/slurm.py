@@ -302,10 +302,12 @@ def local_slurm(root: Path, *, start_timeout: float = 60.0) -> Iterator[LocalSlu
                 slurm.run("scancel", "--full", "--user=root", timeout=30)
                 slurm.wait_jobs_gone(30)
         finally:
+            before = processes_with(tag)  # the daemons and their children (slurmscriptd)
             for name in [n for n in slurm._daemons if n.startswith("slurmd-")]:
                 _stop(slurm, name, grace=10)
             for name in ("slurmctld", "munged"):
                 _stop(slurm, name, grace=10)
+            wait_gone(before, 5)  # a child exits once it sees its daemon gone, not with it
             leaked = processes_with(tag)
             for pid in leaked:
                 kill_and_wait(pid, 5)
