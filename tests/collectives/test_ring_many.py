@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.collectives.ring import RingArray, _chunk_table
+from cluster.collectives.ops import ReduceOp, combine_into, finalize
+from cluster.collectives.ring import RingArray, _chunk_table, _combine_update
 from cluster.collectives.schedule import segments
 
 from ._threads import make_groups, run_ranks
@@ -67,3 +68,33 @@ def test_arrays_of_several_dtypes_each_get_their_ring_run() -> None:
         for i, (result, (n, dt)) in enumerate(zip(results, sizes_dtypes, strict=True)):
             assert result.dtype == dt and result.shape == (n,)
             assert (result == sum(r + 2 * i for r in range(world))).all()
+
+
+def _scaled_step(target: np.ndarray, reduced: np.ndarray) -> None:
+    np.multiply(reduced, np.float32(-0.3), out=reduced)  # scribbles on its scratch, as SGD does
+    np.add(target, reduced, out=target)
+
+
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.MAX])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("n,block", [(1, 7), (7, 7), (50, 7), (49, 7), (1000, 1024)])
+def test_a_fused_last_combine_in_blocks_gives_the_whole_chunk_bytes(op, in_place, n,
+                                                                    block) -> None:
+    rng = np.random.default_rng(n + block)
+    local, incoming, target = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    want_sums = np.empty(n, np.float32)
+    combine_into(op, want_sums, local, incoming)
+    finalize(op, want_sums, 3)
+    want = target.copy()
+    _scaled_step(want, want_sums)
+    kept_local, kept_incoming = local.copy(), incoming.copy()
+    mine = local.copy() if in_place else np.full(n, np.nan, np.float32)
+    got = target.copy()
+    scratch = np.full(block, np.nan, np.float32)
+    _combine_update(op, 3, mine, None if in_place else local, incoming, got, _scaled_step,
+                    scratch)
+    assert got.tobytes() == want.tobytes()
+    assert incoming.tobytes() == kept_incoming.tobytes()
+    assert local.tobytes() == kept_local.tobytes()  # the caller's values are only read
+    if not in_place:
+        assert np.isnan(mine).all()  # work is scratch: not even written
