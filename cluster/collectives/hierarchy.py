@@ -149,23 +149,25 @@ class HostCollectives:
                          targets: list[np.ndarray], plan: list[list[int]], op: ReduceOp,
                          update: Update) -> None:
         """``update(targets[i], op of arrays[i])`` (NumPy, packed as ``plan`` says), in one
-        collective. A lone array on the ``LOCAL`` route large enough for the direct algorithm
-        fuses the update into it (:mod:`~cluster.collectives.epilogue`); the rest are reduced,
-        then updated by every rank."""
+        collective. Lone arrays on the ``LOCAL`` route large enough for the direct algorithm
+        fuse the update into it (:mod:`~cluster.collectives.epilogue`), all of one dtype in
+        one run of rounds, after the rest; the rest are reduced, then updated by every rank."""
         signature = (
             f"all_reduce_apply {op.value} {_packing.describe(arrays)} "
             f"pack={call.options.bytes_per_pack} {self.config(route)}"
         )
         if route is Route.HIER:
             self._network.handshake(call, signature)
+        fused: dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
                 src = np.ascontiguousarray(arrays[i]).reshape(-1)
                 if route is Route.LOCAL and self.shm is not None \
                         and self.shm.algorithm(src.nbytes) == "direct":
-                    self.shm.all_reduce(call.seq, signature, src, targets[i], op,
-                                        self._world_size, call.deadline, update=update)
+                    srcs, outs = fused.setdefault(src.dtype, ([], []))
+                    srcs.append(src)
+                    outs.append(targets[i])
                     continue
                 work = self._buffers.empty(src.size, src.dtype)
                 self._reduce(call, route, signature, src, work, op)
@@ -176,6 +178,10 @@ class HostCollectives:
             self._reduce(call, route, signature, buffer, buffer, op)
             for i, (lo, hi) in zip(indices, ranges, strict=True):
                 apply_whole(update, targets[i], buffer[lo:hi])
+        for srcs, outs in fused.values():  # in first-appearance order: the same on every rank
+            assert self.shm is not None
+            self.shm.all_reduce_many(call.seq, signature, srcs, outs, op, self._world_size,
+                                     call.deadline, update=update)
 
     def device_all_reduce(self, call: Call, route: Route, value: Any, op: ReduceOp) -> Any:
         """A CuPy all-reduce (needs ``shm``): NCCL among the host's GPUs, host memory only at

@@ -26,6 +26,7 @@ and the all-gather copies updated parts instead of reduced ones.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 
@@ -87,20 +88,38 @@ class SharedMemoryCollectives:
         if update is not None:
             if self.algorithm(src.nbytes) != "direct" or out is src:
                 raise ValueError("a fused update needs the direct algorithm and out != src")
-            self._direct(src, out, segments(src.size, self.size), op, count, deadline,
+            self._direct([src], [out], segments(src.size, self.size), op, count, deadline,
                          gather=True, update=update)
         elif self.algorithm(src.nbytes) == "whole":
             self._whole(src, out, op, count, deadline)
         else:
-            self._direct(src, out, segments(src.size, self.size), op, count, deadline,
+            self._direct([src], [out], segments(src.size, self.size), op, count, deadline,
                          gather=True)
+
+    def all_reduce_many(self, seq: int, signature: str, srcs: list[np.ndarray],
+                        outs: list[np.ndarray], op: ReduceOp, count: int, deadline: Deadline, *,
+                        update: Update | None = None) -> None:
+        """:meth:`all_reduce` of several flat arrays of one dtype with the direct algorithm, in
+        rounds over their concatenation (no copy joins them): ``outs[j]`` as ``all_reduce``
+        would leave it for ``srcs[j]``. With ``update``, no ``outs[j]`` may be its ``srcs[j]``.
+        Each element is reduced in rank order as alone, so the bytes are those of one call per
+        array.
+        """
+        if len({s.dtype for s in srcs}) > 1:
+            raise ValueError("all_reduce_many takes arrays of one dtype")
+        if update is not None and any(o is s for s, o in zip(srcs, outs, strict=True)):
+            raise ValueError("a fused update needs out != src")
+        self.arena.announce(seq, signature)
+        total = sum(s.size for s in srcs)
+        self._direct(srcs, outs, segments(total, self.size), op, count, deadline, gather=True,
+                     update=update)
 
     def reduce_scatter(self, seq: int, signature: str, src: np.ndarray, out: np.ndarray,
                        bounds: list[Range], op: ReduceOp, count: int,
                        deadline: Deadline) -> None:
         """Leave ``out[bounds[rank]]`` reduced over local ranks (the rest of ``out`` untouched)."""
         self.arena.announce(seq, signature)
-        self._direct(src, out, bounds, op, count, deadline, gather=False)
+        self._direct([src], [out], bounds, op, count, deadline, gather=False)
 
     def _whole(self, src: np.ndarray, out: np.ndarray, op: ReduceOp, count: int,
                deadline: Deadline) -> None:
@@ -115,43 +134,54 @@ class SharedMemoryCollectives:
             _reduce_in_order(op, out, views)
             finalize(op, out, count)
 
-    def _direct(self, src: np.ndarray, out: np.ndarray, bounds: list[Range], op: ReduceOp,
-                count: int, deadline: Deadline, *, gather: bool,
+    def _direct(self, srcs: list[np.ndarray], outs: list[np.ndarray], bounds: list[Range],
+                op: ReduceOp, count: int, deadline: Deadline, *, gather: bool,
                 update: Update | None = None) -> None:
+        """The direct algorithm over ``srcs`` (flat, one dtype) as if concatenated, into
+        ``outs`` (their like); ``bounds`` segments the concatenation among local ranks.
+
+        Rounds run over the concatenation, so arrays share rounds: several arrays cost the
+        rounds of their total, not one partly empty round or more each (ResNet-50's 30 lone
+        gradients took 62 rounds at N=2, one by one, against 49).
+        """
         arena, me, size = self.arena, self.rank, self.size
-        itemsize = src.dtype.itemsize
-        per = max(1, arena.layout.round_bytes // size // itemsize)  # items per part and round
+        dtype = srcs[0].dtype
+        starts = np.cumsum([0, *(s.size for s in srcs)]).tolist()
+        per = max(1, arena.layout.round_bytes // size // dtype.itemsize)  # items per part, round
         nrounds = max(rounds_for(b - a, per) for a, b in bounds)
         for i in range(nrounds):
             t = self._begin_round(deadline)
-            parts = [(min(a + i * per, b), min(a + (i + 1) * per, b)) for a, b in bounds]
-            mine = _parts_view(arena.buffer(me, t), src.dtype, per, size)
-            for k, (lo, hi) in enumerate(parts):
-                if k != me and hi > lo:
-                    np.copyto(mine[k][: hi - lo], src[lo:hi])
+            parts = [_pieces(starts, min(a + i * per, b), min(a + (i + 1) * per, b))
+                     for a, b in bounds]
+            mine = _parts_view(arena.buffer(me, t), dtype, per, size)
+            for k, pieces in enumerate(parts):
+                if k != me:
+                    for j, lo, hi, at in pieces:
+                        np.copyto(mine[k][at : at + hi - lo], srcs[j][lo:hi])
             arena.post(progress(t, 1))
             arena.wait_all(progress(t, 1), deadline)
-            lo, hi = parts[me]
-            if hi > lo:
-                n = hi - lo
-                operands = [src[lo:hi] if k == me else
-                            _parts_view(arena.buffer(k, t), src.dtype, per, size)[me][:n]
-                            for k in range(size)]
-                result = mine[me][:n]
-                _reduce_in_order(op, result, operands)
-                finalize(op, result, count)
-                if update is None:
-                    np.copyto(out[lo:hi], result)
-                else:  # fused: update our part while ``result`` is hot; peers copy the update
-                    update(out[lo:hi], result)
-                    np.copyto(result, out[lo:hi])
+            if parts[me]:
+                staged = [_parts_view(arena.buffer(k, t), dtype, per, size)[me]
+                          for k in range(size)]
+                for j, lo, hi, at in parts[me]:
+                    operands = [srcs[j][lo:hi] if k == me else staged[k][at : at + hi - lo]
+                                for k in range(size)]
+                    result = mine[me][at : at + hi - lo]
+                    _reduce_in_order(op, result, operands)
+                    finalize(op, result, count)
+                    if update is None:
+                        np.copyto(outs[j][lo:hi], result)
+                    else:  # fused: update our part while ``result`` is hot; peers copy it
+                        update(outs[j][lo:hi], result)
+                        np.copyto(result, outs[j][lo:hi])
             if gather:
                 arena.post(progress(t, 2))
                 arena.wait_all(progress(t, 2), deadline)
-                for k, (a, b) in enumerate(parts):
-                    if k != me and b > a:
-                        theirs = _parts_view(arena.buffer(k, t), src.dtype, per, size)[k]
-                        np.copyto(out[a:b], theirs[: b - a])
+                for k, pieces in enumerate(parts):
+                    if k != me and pieces:
+                        theirs = _parts_view(arena.buffer(k, t), dtype, per, size)[k]
+                        for j, lo, hi, at in pieces:
+                            np.copyto(outs[j][lo:hi], theirs[at : at + hi - lo])
 
     # -- other collectives -----------------------------------------------------------------------
 
@@ -242,6 +272,22 @@ def _parts_view(buffer: np.ndarray, dtype: np.dtype, per: int, size: int) -> lis
     """A rank's round buffer as ``size`` parts of ``per`` items each."""
     typed = buffer[: per * size * dtype.itemsize].view(dtype)
     return [typed[k * per : (k + 1) * per] for k in range(size)]
+
+
+def _pieces(starts: list[int], lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+    """Elements ``[lo, hi)`` of arrays concatenated (array ``j`` holds ``starts[j]`` up to
+    ``starts[j + 1]``) as ``(j, start, stop, at)``: a slice of array ``j`` and where it begins
+    in the range. Empty slices are left out."""
+    pieces = []
+    first = lo
+    j = max(0, bisect.bisect_right(starts, lo) - 1)
+    while lo < hi:
+        stop = min(hi, starts[j + 1])
+        if stop > lo:
+            pieces.append((j, lo - starts[j], stop - starts[j], lo - first))
+            lo = stop
+        j += 1
+    return pieces
 
 
 def _reduce_in_order(op: ReduceOp, out: np.ndarray, operands: list[np.ndarray]) -> None:

@@ -243,3 +243,43 @@ def test_implementation_ring_keeps_a_group_off_shared_memory() -> None:
     results = run_ranks(lambda r: groups[r].all_reduce(np.ones(4), ReduceOp.SUM), 2)
     assert all(np.array_equal(x, np.full(4, 2.0)) for x in results)
     assert all(g._shm is None for g in groups)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_lone_arrays_share_rounds_and_keep_the_bytes_of_one_call_each(world: int) -> None:
+    # Rounds of 512 B (128 float32 per round, split among the ranks): arrays span several
+    # rounds and rounds span several arrays; two dtypes run one after the other.
+    from cluster._update_rules import sgd_update
+
+    def sgd(target: np.ndarray, reduced: np.ndarray) -> None:
+        sgd_update(target, reduced, None, learning_rate=0.25, momentum=0.0, nesterov=False)
+
+    specs = [(200, "float32"), (37, "float64"), (0, "float32"), (130, "float32"),
+             (1000, "float64"), (129, "float32"), (64, "float32")]
+    rng = np.random.default_rng(11)
+    grads = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
+    params = [rng.standard_normal(n).astype(dt) for n, dt in specs]
+    kept = [[g.copy() for g in gs] for gs in grads]
+    alone = CommunicationOptions(bytes_per_pack=1)  # every array its own pack: each one lone
+    _, groups = _groups([0] * world)
+    _, plain = _groups([0] * world)
+
+    def together(rank: int) -> list[np.ndarray]:
+        mine = [p.copy() for p in params]
+        groups[rank].all_reduce_apply(grads[rank], mine, sgd, "SUM", options=alone)
+        return mine
+
+    def one_by_one(rank: int) -> list[np.ndarray]:
+        mine = [p.copy() for p in params]
+        for g, target in zip(grads[rank], mine, strict=True):
+            sgd(target, plain[rank].all_reduce(g, "SUM"))
+        return mine
+
+    got = run_ranks(together, world)
+    want = run_ranks(one_by_one, world)
+    for rank in range(world):
+        for a, b in zip(got[rank], want[rank], strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        for g, k in zip(grads[rank], kept[rank], strict=True):
+            assert g.tobytes() == k.tobytes()  # values are never written
+    assert all(not np.array_equal(a, p) for a, p in zip(got[0], params, strict=True) if a.size)
