@@ -13,6 +13,9 @@ Cases, on the same shapes as ours (:mod:`bench._strategy_task`):
   parameters, same process) it is the local backward alone. ``ddp_backward - local_backward``
   (of the medians) is DDP's all-reduce time as a user feels it: the part of the step that
   communication adds. Gradients are reset to ``None`` before each forward, both ways.
+- ``bucket_all_reduce:MODEL``: gloo's all-reduce of DDP's buckets for the model (reverse
+  order, 1 MiB then 25 MiB), all started at once and awaited, with no backward: the same
+  communication with nothing to hide behind (DDP's copies into its buckets left out).
 - ``sgd_step:MODEL``: ``torch.optim.SGD(lr=0.5).step()`` over the same parameters with their
   gradients set: the update that DDP's figure leaves out and our ``apply_gradients`` includes.
 
@@ -27,6 +30,7 @@ returns ``None``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -120,11 +124,36 @@ def _model_cases(dist, torch, model: str, iters: int, warmup: int) -> dict[str, 
     # DDP averages over ranks: every rank's gradient is g, so is the mean.
     if not torch.allclose(module.params[-1].grad, module.g[-1]):
         raise AssertionError(f"DDP over {model}: the gradient is not the ranks' mean")
+    # gloo alone on DDP's buckets: the same all-reduces with no backward to hide behind.
+    buckets = [torch.ones(n) for n in _ddp_buckets([math.prod(s) for _, s in shapes])]
+
+    def reduce_buckets() -> None:
+        for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
+            work.wait()
+
+    out[f"bucket_all_reduce:{model}"] = _timed(dist, reduce_buckets, iters, warmup)
     # The update DDP's figure leaves out and ours includes: torch's own SGD step over the same
     # parameters, gradients in place (torch's default, the multi-tensor "foreach" kernel).
     optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
     out[f"sgd_step:{model}"] = _timed(dist, optimizer.step, iters, warmup)
     return out
+
+
+def _ddp_buckets(sizes: list[int], first_cap: int = 1 << 20, cap: int = 25 << 20) -> list[int]:
+    """Element counts of DDP's gradient buckets for float32 parameters of ``sizes`` (in
+    registration order): DDP fills buckets in reverse order (the order backward produces
+    gradients); a bucket closes with the tensor that brings it to 1 MiB (the first) or 25 MiB (the
+    others), DDP's defaults."""
+    buckets: list[int] = []
+    current, limit = 0, first_cap
+    for n in reversed(sizes):
+        current += n
+        if current * 4 >= limit:  # as DDP: the tensor that reaches the limit closes its bucket
+            buckets.append(current)
+            current, limit = 0, cap
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def _rank(rank: int, n: int, port: int, config: dict) -> dict[str, list[float]]:

@@ -32,6 +32,9 @@ machine (single runs vary up to 2x here) fall on both sides instead of on one.
 is issue 18's goal for the row, as an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce
 time reads ``>= 2.0x``). ``x (DDP + step)`` compares like with like: our step includes the
 update, so it is set beside DDP's all-reduce plus torch's own SGD step on the same parameters.
+``x buckets`` sets our step beside gloo's all-reduce of DDP's buckets with no backward running:
+DDP's own figure is what its all-reduce adds to a backward it overlaps with, while
+``apply_gradients`` receives finished gradients and has nothing to overlap with.
 
 torch is a benchmark extra, never a runtime dependency: ``uv pip install torch==2.13.0`` (or a
 local wheel) into the environment; without it (or with ``--no-torch``) the gloo columns say
@@ -158,7 +161,8 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
         size = case_bytes(case)
         row: dict = {"n": n, "path": path, "case": case, "bytes": size, "target": target(
             path, n, case), "ours_s": None, "gloo_s": None, "ddp_backward_s": None,
-            "local_backward_s": None, "torch_step_s": None, "gloo": gloo_state}
+            "local_backward_s": None, "torch_step_s": None, "buckets_s": None,
+            "gloo": gloo_state}
         if ours is not None:
             row["ours_s"] = slowest_median(ours, case)
         if theirs is not None:
@@ -170,6 +174,7 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
                 row["local_backward_s"] = slowest_median(theirs, f"local_backward:{model}")
                 row["gloo_s"] = max(row["ddp_backward_s"] - row["local_backward_s"], 0.0)
                 row["torch_step_s"] = slowest_median(theirs, f"sgd_step:{model}")
+                row["buckets_s"] = slowest_median(theirs, f"bucket_all_reduce:{model}")
         for who in ("ours", "gloo"):
             t = row[f"{who}_s"]
             row[f"{who}_busbw"] = busbw(size, n, t) if t else None
@@ -178,13 +183,18 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
         # Like for like: our step includes the update, DDP's figure does not.
         row["x_with_step"] = ((row["gloo_s"] + row["torch_step_s"]) / row["ours_s"]
                               if row["ours_s"] and row["torch_step_s"] is not None else None)
+        # Like for like again: DDP's figure is what its all-reduce adds to a backward it
+        # overlaps with; ours runs after the backward (apply_gradients gets finished gradients).
+        row["x_buckets"] = (row["buckets_s"] / row["ours_s"]
+                            if row["ours_s"] and row["buckets_s"] is not None else None)
         rows.append(row)
     return rows
 
 
 HEAD = ("| N | case | ours median (ms) | gloo/DDP median (ms) | x gloo | target | "
         "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) | "
-        "torch SGD step (ms) | x (DDP + step) |")
+        "torch SGD step (ms) | x (DDP + step) | gloo on DDP's buckets alone (ms) | "
+        "x buckets |")
 
 
 def format_row(row: dict) -> str:
@@ -206,7 +216,9 @@ def format_row(row: dict) -> str:
              gbs(row["ours_busbw"], ours_missing), gbs(row["gloo_busbw"], gloo_missing),
              ms(row["ddp_backward_s"], ""), ms(row["local_backward_s"], ""),
              ms(row["torch_step_s"], ""),
-             f"{row['x_with_step']:.2f}x" if row["x_with_step"] is not None else ""]
+             f"{row['x_with_step']:.2f}x" if row["x_with_step"] is not None else "",
+             ms(row["buckets_s"], ""),
+             f"{row['x_buckets']:.2f}x" if row["x_buckets"] is not None else ""]
     return "| " + " | ".join(cells) + " |"
 
 

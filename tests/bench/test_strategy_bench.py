@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,16 @@ def test_a_failing_task_is_reported_with_its_output(monkeypatch, marker):
     bench = _load_bench()
     with pytest.raises(bench.BenchError, match=r"ours \(shm\), N=2: worker:0 exited 2"):
         bench.bench_ours(2, "shm", ["--no-such-option"], timeout=60)
+
+
+def test_ddp_buckets_follow_ddps_rule():
+    from bench._strategy_torch import _ddp_buckets
+
+    mib = (1 << 20) // 4  # float32 elements per MiB
+    # Reverse order; a bucket closes with the tensor that reaches its cap (1 MiB first, then 25).
+    assert _ddp_buckets([10 * mib, 20 * mib, 3 * mib, mib // 2, mib // 2]) == [mib, 33 * mib]
+    assert _ddp_buckets([30 * mib, mib, 2 * mib]) == [2 * mib, 31 * mib]
+    sizes = [s for _, s in resnet50()]
+    counts = [math.prod(s) for s in sizes]
+    buckets = _ddp_buckets(counts)
+    assert sum(buckets) == sum(counts) and len(buckets) == 5
