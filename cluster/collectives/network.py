@@ -125,7 +125,8 @@ class NetworkCollectives:
             work, source = self._buffers.output_for(array, owned)
             bounds = segments(work.size, self.world_size)
             chunk = self.ring_chunk(array.nbytes, array.itemsize)
-            ring.all_reduce(ex, work, bounds, op, chunk, source=source)
+            ring.all_reduce(ex, work, bounds, op, chunk, source=source,
+                            empty=self._buffers.empty)
         ex.end()
         return work
 
@@ -233,7 +234,7 @@ class NetworkCollectives:
         for dtype, items in by_dtype.items():
             nbytes = sum(item.work.nbytes for item in items)
             step = ring.all_reduce_many(ex, items, op, self.ring_chunk(nbytes, dtype.itemsize),
-                                        step, update=update)
+                                        step, update=update, empty=self._buffers.empty)
         return step
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
@@ -277,7 +278,8 @@ class NetworkCollectives:
             work, source = self._buffers.output_for(array, owned=False)
             # bounds may be uneven here: the rule's even split is only the message size.
             chunk = self.ring_chunk(array.nbytes, array.itemsize)
-            ring.reduce_scatter(ex, work, bounds, op, chunk, source=source)
+            ring.reduce_scatter(ex, work, bounds, op, chunk, source=source,
+                                empty=self._buffers.empty)
         else:  # latency-bound: a whole all-reduce, keep our segment
             work = working_copy(array, owned=False)
             _LATENCY_BOUND[algorithm](ex, work, op)

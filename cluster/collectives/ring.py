@@ -27,7 +27,7 @@ update runs once in the group; ``work`` only holds partial sums (scratch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -44,6 +44,9 @@ from cluster.collectives.schedule import (
     ring_reduce_scatter,
     segments,
 )
+
+Empty = Callable[[int, np.dtype], np.ndarray]
+"""``empty(size, dtype)``: an uninitialised flat array (``np.empty``, or a buffer pool's)."""
 
 _SCRATCH_BYTES = 512 * 1024
 """Block size of a fused update (:func:`_combine_update`): with the three arrays it streams,
@@ -79,6 +82,7 @@ def all_reduce(
     source: np.ndarray | None = None,
     out: np.ndarray | None = None,
     update: Update | None = None,
+    empty: Empty = np.empty,
 ) -> int:
     """Reduce across ranks into ``work`` (flat, contiguous); segments are ``bounds``.
 
@@ -91,7 +95,7 @@ def all_reduce(
         raise ValueError("ring.all_reduce takes out and update together")
     steps = ring_all_reduce(ex.rank, ex.size)
     return run_ring(ex, [RingArray(work, source, out)], bounds, steps, chunk_bytes, op=op,
-                    first_step=first_step, update=update)
+                    first_step=first_step, update=update, empty=empty)
 
 
 def all_reduce_many(
@@ -102,6 +106,7 @@ def all_reduce_many(
     first_step: int = 0,
     *,
     update: Update | None = None,
+    empty: Empty = np.empty,
 ) -> int:
     """:func:`all_reduce` of several arrays of one dtype in one ring run, segmented as if they
     were concatenated (with no copy). Arrays with ``out`` are updated when ``update`` is given.
@@ -123,7 +128,7 @@ def all_reduce_many(
     total = sum(a.work.size for a in arrays)
     steps = ring_all_reduce(ex.rank, ex.size)
     return run_ring(ex, arrays, segments(total, ex.size), steps, chunk_bytes, op=op,
-                    first_step=first_step, update=update)
+                    first_step=first_step, update=update, empty=empty)
 
 
 def reduce_scatter(
@@ -135,6 +140,7 @@ def reduce_scatter(
     first_step: int = 0,
     *,
     source: np.ndarray | None = None,
+    empty: Empty = np.empty,
 ) -> int:
     """Leave segment ``bounds[rank]`` of ``work`` reduced across ranks (the rest is scratch).
 
@@ -142,7 +148,7 @@ def reduce_scatter(
     """
     steps = ring_reduce_scatter(ex.rank, ex.size)
     return run_ring(ex, [RingArray(work, source)], bounds, steps, chunk_bytes, op=op,
-                    first_step=first_step)
+                    first_step=first_step, empty=empty)
 
 
 def all_gather(
@@ -171,6 +177,7 @@ def run_ring(
     op: ReduceOp | None,
     first_step: int = 0,
     update: Update | None = None,
+    empty: Empty = np.empty,
 ) -> int:
     """Run ring ``steps`` (from :mod:`~cluster.collectives.schedule`) over ``arrays``.
 
@@ -184,7 +191,9 @@ def run_ring(
     instead of reduced: the last combining step applies ``update`` to ``out``'s chunks, and the
     gathering steps fill ``out`` instead of ``work``. A segment this rank only forwards a
     partial sum of is left as it was in ``work`` (the all-gather fills it, or it is scratch).
-    Returns the next unused step number.
+    ``empty(size, dtype)`` allocates that scratch (one chunk; a group's buffer pool, so that
+    chunks of 32 MiB do not come from fresh pages every call). Returns the next unused step
+    number.
     """
     if not steps or not arrays:
         return first_step
@@ -236,8 +245,8 @@ def run_ring(
                 a = table[step.recv][c][0]
                 source = None if arrays[a].source is None else piece(step.recv, c, "local")
                 if scratch is None:
-                    scratch = np.empty(max(hi - lo for t in table for _, lo, hi in t),
-                                       mine.dtype)
+                    scratch = empty(max(hi - lo for t in table for _, lo, hi in t),
+                                    mine.dtype)
                 if i == last_combine and fused(a):  # the owner updates, the gather carries it
                     assert update is not None
                     target = piece(step.recv, c, "final")

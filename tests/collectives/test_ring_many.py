@@ -98,3 +98,25 @@ def test_a_fused_last_combine_in_blocks_gives_the_whole_chunk_bytes(op, in_place
     assert local.tobytes() == kept_local.tobytes()  # the caller's values are only read
     if not in_place:
         assert np.isnan(mine).all()  # work is scratch: not even written
+
+
+def test_the_rings_scratch_comes_from_the_groups_buffer_pool(monkeypatch) -> None:
+    # Segments travel in chunks of up to 32 MiB: a scratch chunk from np.empty would be fresh
+    # pages on every call, so the ring takes it from the group's pool (which reuses them).
+    from cluster.collectives._buffers import BufferPool
+
+    asked: list[tuple[int, np.dtype]] = []
+    plain = BufferPool.empty
+
+    def recording(self, size, dtype):
+        asked.append((size, np.dtype(dtype)))
+        return plain(self, size, dtype)
+
+    monkeypatch.setattr(BufferPool, "empty", recording)
+    world, n = 3, 300_001
+    values = [np.full(n, r + 1, np.float32) for r in range(world)]
+    hub, groups = make_groups(world)
+    got = run_ranks(lambda r: groups[r].all_reduce(values[r], "SUM"), world, timeout=50)
+    assert all((g == 6).all() for g in got)
+    chunk = max(hi - lo for lo, hi in segments(n, world))  # 400 KB segments: one chunk each
+    assert (chunk, np.dtype(np.float32)) in asked
