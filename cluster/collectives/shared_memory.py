@@ -13,6 +13,9 @@ staging buffers per rank, a rank fills round ``t + 1`` while slower peers still 
   messages, two synchronisations per round.
 - Both compute every element as ``((x_0 op x_1) op x_2) ...`` in rank order, once (large) or
   identically on every rank (small), so every rank gets the same bytes from either.
+- :meth:`all_reduce_many` runs the direct algorithm over several arrays of one dtype as if
+  concatenated (no copy joins them): rounds stay full across array boundaries, so a step
+  synchronises as often as its total size needs, not once or more per array.
 - :meth:`reduce_scatter`, :meth:`all_gather` (sizes may differ per rank), :meth:`broadcast` and
   :meth:`barrier` follow the same pattern.
 
