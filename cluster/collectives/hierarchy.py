@@ -117,7 +117,9 @@ class HostCollectives:
                         plan: list[list[int]], op: ReduceOp) -> list[Any]:
         """``op`` of each value, in one collective: NumPy arrays packed as ``plan`` says (lists
         of indices of NumPy ``arrays``; results are views of the packs), a pack of one array
-        reduced without packing (in place when ``owned[i]``), and each CuPy array through NCCL
+        reduced without packing (in place when ``owned[i]``; on the ``LOCAL`` route, those of a
+        dtype large enough for the direct algorithm share one run of rounds, after the packs),
+        and each CuPy array through NCCL
         among the host's GPUs as :meth:`device_all_reduce` does (CuPy results, on their GPU)."""
         signature = (
             f"all_reduce_many {op.value} {_packing.describe(arrays)} "
@@ -126,13 +128,20 @@ class HostCollectives:
         if route is Route.HIER:
             self._network.handshake(call, signature)
         results: list[Any] = [np.empty(0)] * len(arrays)
+        direct: dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
                 work, source = self._buffers.output_for(arrays[i], owned[i])
-                self._reduce(call, route, signature, work if source is None else source, work,
-                             op)
                 results[i] = work.reshape(arrays[i].shape)
+                src = work if source is None else source
+                if route is Route.LOCAL and self.shm is not None \
+                        and self.shm.algorithm(src.nbytes) == "direct":
+                    srcs, outs = direct.setdefault(src.dtype, ([], []))
+                    srcs.append(src)
+                    outs.append(work)
+                    continue
+                self._reduce(call, route, signature, src, work, op)
                 continue
             members = [arrays[i] for i in indices]
             buffer, ranges = _packing.pack(members, self._buffers.empty)
@@ -140,6 +149,10 @@ class HostCollectives:
             views = _packing.unpack(buffer, ranges, [a.shape for a in members])
             for i, view in zip(indices, views, strict=True):
                 results[i] = view
+        for srcs, outs in direct.values():  # lone arrays share rounds (first-appearance order)
+            assert self.shm is not None
+            self.shm.all_reduce_many(call.seq, signature, srcs, outs, op, self._world_size,
+                                     call.deadline)
         for i, value in enumerate(arrays):
             if is_cupy(value):  # the device route
                 results[i] = self._device_reduce(call, route, signature, value, op)

@@ -283,3 +283,28 @@ def test_lone_arrays_share_rounds_and_keep_the_bytes_of_one_call_each(world: int
         for g, k in zip(grads[rank], kept[rank], strict=True):
             assert g.tobytes() == k.tobytes()  # values are never written
     assert all(not np.array_equal(a, p) for a, p in zip(got[0], params, strict=True) if a.size)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_lone_arrays_of_all_reduce_many_share_rounds(in_place: bool) -> None:
+    world = 3
+    specs = [(200, "float32"), (37, "float64"), (130, "float32"), (1000, "float64"),
+             (129, "float32")]
+    rng = np.random.default_rng(12)
+    values = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
+    kept = [[v.copy() for v in vs] for vs in values]
+    alone = CommunicationOptions(bytes_per_pack=1)
+    _, groups = _groups([0] * world)
+    _, plain = _groups([0] * world)
+
+    def together(rank: int) -> list[np.ndarray]:
+        mine = [v.copy() for v in values[rank]] if in_place else values[rank]
+        return groups[rank].all_reduce_many(mine, "SUM", options=alone, in_place=in_place)
+
+    got = run_ranks(together, world)
+    want = run_ranks(lambda r: [plain[r].all_reduce(v, "SUM") for v in values[r]], world)
+    for rank in range(world):
+        for a, b in zip(got[rank], want[rank], strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        for v, k in zip(values[rank], kept[rank], strict=True):
+            assert v.tobytes() == k.tobytes()  # the caller's values are untouched
