@@ -36,6 +36,7 @@ Gradient accumulation: inside :meth:`no_sync` the hooks do nothing, gradients ac
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,8 +146,10 @@ class DistributedGradients:
       one order with the strategy's own calls. Every rank must build it over the same module
       structure and run the same steps (same backward/synchronize sequence).
     - One ``synchronize()`` per backward (outside :meth:`no_sync`). A second backward before
-      ``synchronize()`` raises ``RuntimeError`` from the hook (use :meth:`no_sync` to
-      accumulate); ``synchronize()`` without a backward averages whatever ``p.grad`` holds.
+      ``synchronize()`` raises ``RuntimeError`` from a hook that runs before torch accumulates,
+      so ``p.grad`` keeps the first backward's gradient being reduced, and ``synchronize()``
+      still gives its mean (use :meth:`no_sync` to accumulate); ``synchronize()`` without a
+      backward averages whatever ``p.grad`` holds.
     - Results are bitwise identical on every rank (the collectives' contract), written into the
       existing ``p.grad`` tensors; the module's parameters are never touched.
     - Between ``backward()`` and ``synchronize()`` leave ``p.grad`` alone: the all-reduces of
@@ -200,6 +203,10 @@ class DistributedGradients:
         self._next = 0  # the first bucket not started this step
         self._syncing = True
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        # Before accumulation too: a second backward must be refused before torch adds into a
+        # p.grad that a collective may still be reducing in place.
+        self._handles += [p.register_hook(functools.partial(self._before_grad, id(p)))
+                          for p in params]
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -257,16 +264,26 @@ class DistributedGradients:
 
     # -- the hooks and the buckets ---------------------------------------------------------------
 
-    def _on_grad(self, p: torch.Tensor) -> None:
-        if not self._syncing:
-            return
-        b, position = self._where[id(p)]
-        bucket = self._buckets[b]
-        if position in bucket.filled:
+    def _before_grad(self, key: int, grad: torch.Tensor) -> None:
+        """A gradient about to be accumulated into ``p.grad`` (``key`` = ``id(p)``): refused
+        while the last one is still in a bucket, so ``p.grad`` is left untouched."""
+        if self._syncing:
+            self._refuse_twice(key)
+
+    def _refuse_twice(self, key: int) -> None:
+        b, position = self._where[key]
+        if position in self._buckets[b].filled:
             raise RuntimeError(
                 "DistributedGradients: a second backward reached a parameter before "
                 "synchronize(); call synchronize() after every backward, or accumulate "
                 "gradients inside no_sync()")
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._syncing:
+            return
+        self._refuse_twice(id(p))
+        b, position = self._where[id(p)]
+        bucket = self._buckets[b]
         self._fill(bucket, position, p.grad)
         if bucket.ready == len(bucket.params):
             self._start_ready()

@@ -134,7 +134,13 @@ def _ranks(transport, directory: str):
         and all(torch.equal(restored["state"][i][k], v)
                 for i, s in state["state"].items() for k, v in s.items()))
 
-    # A second backward before synchronize is refused (the hook raises through backward).
+    # A second backward before synchronize is refused (the hook raises through backward)
+    # before torch adds into p.grad: synchronize still gives the first backward's mean.
+    probe = _net()
+    probe.load_state_dict(model.state_dict())
+    probe(x1, use_branch).square().mean().backward()
+    out["probe_local"] = _grads(probe)
+    optimizer.zero_grad()
     model(x1, use_branch).square().mean().backward()
     try:
         model(x1, use_branch).square().mean().backward()
@@ -142,6 +148,7 @@ def _ranks(transport, directory: str):
     except RuntimeError as e:
         out["twice"] = str(e)
     grads.synchronize()  # every rank alike: the group goes on
+    out["after_twice"] = _grads(model)
     grads.remove()
     return out
 
@@ -185,6 +192,16 @@ def test_two_processes_train_like_ddp(tmp_path):
     assert r0["restored_model"] and r1["restored_model"]
     assert r0["restored_optimizer"] and r1["restored_optimizer"]
     assert "no_sync" in r0["twice"] and "no_sync" in r1["twice"]
+    for i, name in enumerate(names):  # the refused backward left the first one's gradients
+        s0, s1 = r0["after_twice"][i], r1["after_twice"][i]
+        if name.startswith("never"):
+            assert s0 is None and s1 is None
+            continue
+        assert np.array_equal(s0, s1), name
+        l0 = r0["probe_local"][i]
+        l0 = np.zeros_like(s0) if l0 is None else l0
+        np.testing.assert_allclose(s0, (l0 + r1["probe_local"][i]) / 2, rtol=0, atol=1e-6,
+                                   err_msg=name)
 
     # The chief wrote one checkpoint; plain torch loads the model from it.
     safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -194,3 +211,43 @@ def test_two_processes_train_like_ddp(tmp_path):
                            if k.startswith("model/")})
     for value, a, b in zip(model.state_dict().values(), r0["final"], r1["final"], strict=True):
         assert np.array_equal(a, b) and np.array_equal(value.numpy(), a)
+
+
+def _twice_ranks(transport):
+    import torch
+
+    import cluster
+    import cluster.torch as ct
+    from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
+
+    torch.set_num_threads(1)
+    strategy = MultiWorkerMirroredStrategy._from_transport(
+        transport, devices=["/cpu:0"],
+        communication_options=cluster.CommunicationOptions(timeout_seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 512, bias=False)  # 512 KiB: reduced in place, in p.grad
+    grads = ct.DistributedGradients(model, strategy)
+    assert sum(len(b.direct) for b in grads._buckets) == 1
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(transport.rank))
+    model(x).square().mean().backward()
+    local = model.weight.grad.detach().clone().numpy()
+    grads.synchronize()
+    model.zero_grad()
+    model(x).square().mean().backward()
+    try:
+        model(x * 3).square().mean().backward()  # refused before torch adds into p.grad
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    grads.synchronize()
+    grads.remove()
+    return local, model.weight.grad.detach().clone().numpy(), refused
+
+
+def test_a_second_backward_is_refused_before_it_touches_a_gradient_being_reduced():
+    outcomes = run_group(_twice_ranks, 2, timeout=120)
+    assert all(o.ok for o in outcomes), [(o.error_type, o.error, o.traceback) for o in outcomes]
+    (l0, g0, e0), (l1, g1, e1) = (o.result for o in outcomes)
+    assert e0 and "synchronize()" in e0 and e1 and "synchronize()" in e1
+    assert np.array_equal(g0, g1)
+    np.testing.assert_allclose(g0, (l0 + l1) / 2, rtol=0, atol=1e-6)  # the first backward's
