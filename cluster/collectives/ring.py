@@ -12,8 +12,9 @@ it: in the reduce-scatter schedules a rank receives each segment at most once, s
 is ``op(source[seg], incoming)`` and every byte of ``work`` is written exactly once (by the
 last combine or by the all-gather), never copied in first. At 64 MiB that copy into fresh
 memory cost about a quarter of the whole all-reduce on this machine. Partial sums that are only
-forwarded do not touch ``work`` at all: they go to one chunk of scratch that stays in cache,
-since ``send`` returns once its payload may be reused.
+forwarded do not touch ``work`` at all: they go to one reused chunk of scratch (in cache for
+4 MiB chunks, warm pages for whole segments), since ``send`` returns once its payload may be
+reused.
 
 The functions take ``first_step`` so several algorithm runs can share one collective (one
 sequence number): each returns the first step number it left unused.
@@ -230,7 +231,7 @@ def run_ring(
         ex.send(ex.right, first_step, c, piece(first, c, "local"))
     last_combine = max((i for i, s in enumerate(steps) if s.combine), default=-1)
     # Sums that only pass through this rank (a partial sum forwarded, a fused chunk's sums
-    # before its update) go to a scratch buffer that stays in cache, not to ``work``: writing
+    # before its update) go to a reused scratch buffer, not to ``work``: writing
     # ``work`` would pull each line in from memory and later push it back, for values that are
     # dead once sent. ``send`` returns once its payload may be reused, so one chunk's room does.
     scratch: np.ndarray | None = None
