@@ -50,7 +50,12 @@ class _ReplyTooLarge(Exception):
 
 
 class _StreamRefused(Exception):
-    """The server had no place for a PushChunks stream (RESOURCE_EXHAUSTED, nothing read)."""
+    """The server did not take a PushChunks stream and applied nothing: it had no place for one
+    (RESOURCE_EXHAUSTED, nothing read), or it predates the method (UNIMPLEMENTED: ``never``)."""
+
+    def __init__(self, details: str, *, never: bool = False) -> None:
+        super().__init__(details)
+        self.never = never
 
 
 def optimizer_to_proto(spec: OptimizerSpec | None) -> ps_pb2.OptimizerConfig:
@@ -104,6 +109,7 @@ class PsClient:
                 ("WriteSlots", ps_pb2.WriteSlotsRequest, ps_pb2.WriteSlotsReply),
             ]
         }
+        self._streams = True  # False once the ps answered PushChunks UNIMPLEMENTED
         # Messages written by _ps_codec.push_chunk_messages; called like the others.
         self._calls["PushChunks"] = self._channel.stream_unary(
             f"/{SERVICE}/PushChunks", response_deserializer=ps_pb2.PushReply.FromString)
@@ -130,6 +136,8 @@ class PsClient:
                 raise _ReplyTooLarge(e.details()) from e
             if method == "PushChunks" and is_exhausted(e):  # the places refusal: nothing read
                 raise _StreamRefused(e.details()) from e
+            if method == "PushChunks" and e.code() is grpc.StatusCode.UNIMPLEMENTED:
+                raise _StreamRefused(e.details(), never=True) from e  # an older ps
             # The time that really passed (a refused connection fails at once), and the budget.
             raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
                             seconds=time.monotonic() - start) from e
@@ -201,11 +209,13 @@ class PsClient:
         activity = (f"push of {len(grads)} gradients"
                     + (f" for step {step}" if step is not None else "")
                     + (f" by contributor {contributor}" if contributor is not None else ""))
-        if sum(a.nbytes for a in arrays.values()) >= STREAM_MIN_BYTES:
+        if self._streams and sum(a.nbytes for a in arrays.values()) >= STREAM_MIN_BYTES:
             try:
                 return self._push_streamed(arrays, header, timeout, activity)
-            except _StreamRefused:
-                pass  # the server's places are taken (nothing was read): one message then
+            except _StreamRefused as e:
+                # Nothing was applied: one message then. A ps without the method (an older
+                # one, during a rolling upgrade) gets one message from now on.
+                self._streams = not e.never
         # Each gradient copied once, straight into the request's bytes.
         request = encode_push_request(arrays, header)
         return list(self._call("Push", request, timeout, activity).versions)

@@ -289,6 +289,32 @@ def test_with_no_place_for_a_stream_the_client_pushes_in_one_message(served, mon
     assert np.all(service.store.pull(["w"])[0].value == -1)
 
 
+def test_a_ps_without_push_chunks_gets_one_message_pushes(monkeypatch) -> None:
+    # An older ps (a rolling upgrade) answers PushChunks UNIMPLEMENTED, having applied nothing:
+    # the client pushes in one message, and does not try a stream again.
+    handlers = PsService.handlers
+    monkeypatch.setattr(PsService, "handlers",
+                        lambda self: {k: v for k, v in handlers(self).items()
+                                      if k != "PushChunks"})
+    server = TaskServer("127.0.0.1:0", TOKEN)
+    service = PsService(VariableStore("ps:0"), "ps:0")
+    service.install(server)
+    server.start()
+    try:
+        service.store.create("w", np.zeros(BIG, F32), optimizer=OptimizerSpec.sgd(1.0))
+        tried = []
+        real = PsClient._push_streamed
+        monkeypatch.setattr(PsClient, "_push_streamed",
+                            lambda self, *a: tried.append(1) or real(self, *a))
+        with PsClient(server.address, TOKEN, task="ps:0", timeout=20) as ps:
+            assert ps.push({"w": np.ones(BIG, F32)}) == [2]
+            assert ps.push({"w": np.ones(BIG, F32)}) == [3]
+        assert tried == [1]  # one try, then one message every time
+        assert np.all(service.store.pull(["w"])[0].value == -2)  # each push applied once
+    finally:
+        server.stop(grace=0)
+
+
 def test_a_streamed_push_travels_over_mutual_tls(tmp_path) -> None:
     write_host_cert(tmp_path, [], name="cluster")
     token = Token("s3cret-tls-chunks", TlsConfig.load(cert=tmp_path / "cluster.pem",
