@@ -33,6 +33,7 @@ __all__ = [
     "fails_at_connect",
     "is_cancelled",
     "is_exhausted",
+    "is_unimplemented",
     "is_unauthenticated",
     "spec_mismatch",
     "status_name",
@@ -87,6 +88,11 @@ def is_exhausted(error: BaseException) -> bool:
     """The peer refused the call for one of its limits (RESOURCE_EXHAUSTED), e.g. a Pull whose
     reply would be too large: a smaller call may succeed."""
     return _code(error) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def is_unimplemented(error: BaseException) -> bool:
+    """The peer has no such method (UNIMPLEMENTED): it predates it, and ran nothing."""
+    return _code(error) == grpc.StatusCode.UNIMPLEMENTED
 
 
 def is_unauthenticated(error: BaseException) -> bool:

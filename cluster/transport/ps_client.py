@@ -22,7 +22,7 @@ import numpy as np
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
-from cluster.transport._grpc_errors import is_exhausted, translate
+from cluster.transport._grpc_errors import is_exhausted, is_unimplemented, translate
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_pull_reply, encode_push_request, push_chunk_messages
 from cluster.transport._ps_wire import fill_chunk, from_chunk
@@ -136,7 +136,7 @@ class PsClient:
                 raise _ReplyTooLarge(e.details()) from e
             if method == "PushChunks" and is_exhausted(e):  # the places refusal: nothing read
                 raise _StreamRefused(e.details()) from e
-            if method == "PushChunks" and e.code() is grpc.StatusCode.UNIMPLEMENTED:
+            if method == "PushChunks" and is_unimplemented(e):
                 raise _StreamRefused(e.details(), never=True) from e  # an older ps
             # The time that really passed (a refused connection fails at once), and the budget.
             raise translate(e, self._peer, f"{activity} (deadline {seconds:.1f} s)",
