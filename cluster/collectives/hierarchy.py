@@ -67,6 +67,16 @@ def leaders_all_reduce(leaders: Any, world_size: int, call: Call, work: np.ndarr
     finalize(op, work, world_size)
 
 
+_ByDtype = dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]]
+"""Lone arrays that share rounds: per dtype, their flat sources and outputs."""
+
+
+def _add(by_dtype: _ByDtype, src: np.ndarray, out: np.ndarray) -> None:
+    srcs, outs = by_dtype.setdefault(src.dtype, ([], []))
+    srcs.append(src)
+    outs.append(out)
+
+
 class HostCollectives:
     """One rank's ``LOCAL`` and ``HIER`` collectives.
 
@@ -128,18 +138,15 @@ class HostCollectives:
         if route is Route.HIER:
             self._network.handshake(call, signature)
         results: list[Any] = [np.empty(0)] * len(arrays)
-        direct: dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        direct: _ByDtype = {}
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
                 work, source = self._buffers.output_for(arrays[i], owned[i])
                 results[i] = work.reshape(arrays[i].shape)
                 src = work if source is None else source
-                if route is Route.LOCAL and self.shm is not None \
-                        and self.shm.algorithm(src.nbytes) == "direct":
-                    srcs, outs = direct.setdefault(src.dtype, ([], []))
-                    srcs.append(src)
-                    outs.append(work)
+                if self._shares_rounds(route, src):
+                    _add(direct, src, work)
                     continue
                 self._reduce(call, route, signature, src, work, op)
                 continue
@@ -149,10 +156,7 @@ class HostCollectives:
             views = _packing.unpack(buffer, ranges, [a.shape for a in members])
             for i, view in zip(indices, views, strict=True):
                 results[i] = view
-        for srcs, outs in direct.values():  # lone arrays share rounds (first-appearance order)
-            assert self.shm is not None
-            self.shm.all_reduce_many(call.seq, signature, srcs, outs, op, self._world_size,
-                                     call.deadline)
+        self._reduce_sharing_rounds(call, signature, direct, op)
         for i, value in enumerate(arrays):
             if is_cupy(value):  # the device route
                 results[i] = self._device_reduce(call, route, signature, value, op)
@@ -171,16 +175,13 @@ class HostCollectives:
         )
         if route is Route.HIER:
             self._network.handshake(call, signature)
-        fused: dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        fused: _ByDtype = {}
         for indices in plan:
             if len(indices) == 1:
                 i = indices[0]
                 src = np.ascontiguousarray(arrays[i]).reshape(-1)
-                if route is Route.LOCAL and self.shm is not None \
-                        and self.shm.algorithm(src.nbytes) == "direct":
-                    srcs, outs = fused.setdefault(src.dtype, ([], []))
-                    srcs.append(src)
-                    outs.append(targets[i])
+                if self._shares_rounds(route, src):
+                    _add(fused, src, targets[i])
                     continue
                 work = self._buffers.empty(src.size, src.dtype)
                 self._reduce(call, route, signature, src, work, op)
@@ -191,8 +192,22 @@ class HostCollectives:
             self._reduce(call, route, signature, buffer, buffer, op)
             for i, (lo, hi) in zip(indices, ranges, strict=True):
                 apply_whole(update, targets[i], buffer[lo:hi])
-        for srcs, outs in fused.values():  # in first-appearance order: the same on every rank
-            assert self.shm is not None
+        self._reduce_sharing_rounds(call, signature, fused, op, update)
+
+    def _shares_rounds(self, route: Route, src: np.ndarray) -> bool:
+        """Whether a lone array joins its dtype's shared-memory run of rounds: on the ``LOCAL``
+        route, large enough for the direct algorithm."""
+        return route is Route.LOCAL and self.shm is not None \
+            and self.shm.algorithm(src.nbytes) == "direct"
+
+    def _reduce_sharing_rounds(self, call: Call, signature: str, by_dtype: _ByDtype,
+                               op: ReduceOp, update: Update | None = None) -> None:
+        """One shared-memory run of direct rounds per dtype over its arrays, in order of first
+        appearance (the same on every rank)."""
+        if not by_dtype:
+            return
+        assert self.shm is not None
+        for srcs, outs in by_dtype.values():
             self.shm.all_reduce_many(call.seq, signature, srcs, outs, op, self._world_size,
                                      call.deadline, update=update)
 

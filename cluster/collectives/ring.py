@@ -244,7 +244,8 @@ def run_ring(
                 assert op is not None
                 incoming = ex.recv(ex.left, first_step + i, c, mine.dtype, mine.size)
                 a = table[step.recv][c][0]
-                source = None if arrays[a].source is None else piece(step.recv, c, "local")
+                local = piece(step.recv, c, "local")  # ``mine`` itself when in place
+                source = None if arrays[a].source is None else local
                 if scratch is None:
                     scratch = empty(max(hi - lo for t in table for _, lo, hi in t),
                                     mine.dtype)
@@ -257,13 +258,10 @@ def run_ring(
                 elif i != last_combine and forward and once:
                     # A partial sum, dead once sent: its segment is gathered or scratch later.
                     passing = scratch[:mine.size]
-                    combine_into(op, passing, piece(step.recv, c, "local"), incoming)
+                    combine_into(op, passing, local, incoming)
                     mine = passing
                 else:
-                    if source is None:
-                        reduce_into(op, mine, incoming)
-                    else:
-                        combine_into(op, mine, source, incoming)
+                    combine_into(op, mine, local, incoming)
                     if i == last_combine:
                         finalize(op, mine, ex.size)
             else:
