@@ -143,6 +143,10 @@ class Arena:
         """Read the peers' pids (after that exchange)."""
         self._pids = [int(p) for p in self._pid]
 
+    def pid(self, local_rank: int) -> int:
+        """The process id that local rank ``local_rank`` registered (0 before set-up)."""
+        return self._pids[local_rank] if self._pids else 0
+
     # -- data ------------------------------------------------------------------------------------
 
     def buffer(self, local_rank: int, t: int) -> np.ndarray:

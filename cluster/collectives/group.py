@@ -102,7 +102,10 @@ class CollectiveGroup:
       hierarchical (:mod:`~cluster.collectives.hierarchy`), the rest use the network
       (:mod:`~cluster.collectives.network`: recursive doubling or the ring).
     - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
-      ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms.
+      ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms;
+      ``shm_single_copy`` (``None``: where local ranks outnumber cores) lets large all-reduces
+      read co-located ranks' arrays in place where the kernel allows it (see
+      :mod:`~cluster.collectives.shared_memory`).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class CollectiveGroup:
         host_id: str = "",
         shm_round_bytes: int = DEFAULT_SHM_ROUND_BYTES,
         shm_whole_bytes: int | None = DEFAULT_SHM_WHOLE_BYTES,
+        shm_single_copy: bool | None = None,
         settings: CollectiveSettings | None = None,
         _shared_memory: bool = True,
     ) -> None:
@@ -152,6 +156,7 @@ class CollectiveGroup:
         self._host_id = host_id
         self._round_bytes = shm_round_bytes
         self._whole_bytes = shm_whole_bytes
+        self._single_copy = shm_single_copy
         self._shared_memory = _shared_memory and settings.path is CollectivePath.AUTO
         self._set_up = not _shared_memory  # an internal group (the leaders): network only
         # Set by the set-up (the group's first collective):
@@ -542,7 +547,8 @@ class CollectiveGroup:
         )
         self._topology = topology
         if arena is not None:
-            self._shm = SharedMemoryCollectives(arena, whole_bytes=self._whole_bytes)
+            self._shm = SharedMemoryCollectives(arena, whole_bytes=self._whole_bytes,
+                                                single_copy=self._single_copy)
             self._network.arena = arena
             self._calls.on_abort.append(arena.abort)
         if not topology.single_host and topology.shares_memory and self.rank in topology.leaders:

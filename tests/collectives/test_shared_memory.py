@@ -261,7 +261,7 @@ def test_lone_arrays_share_rounds_and_keep_the_bytes_of_one_call_each(world: int
     params = [rng.standard_normal(n).astype(dt) for n, dt in specs]
     kept = [[g.copy() for g in gs] for gs in grads]
     alone = CommunicationOptions(bytes_per_pack=1)  # every array its own pack: each one lone
-    _, groups = _groups([0] * world)
+    _, groups = _groups([0] * world, shm_single_copy=False)  # the staged rounds
     _, plain = _groups([0] * world)
 
     def together(rank: int) -> list[np.ndarray]:
@@ -294,7 +294,7 @@ def test_lone_arrays_of_all_reduce_many_share_rounds(in_place: bool) -> None:
     values = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
     kept = [[v.copy() for v in vs] for vs in values]
     alone = CommunicationOptions(bytes_per_pack=1)
-    _, groups = _groups([0] * world)
+    _, groups = _groups([0] * world, shm_single_copy=False)  # the staged rounds
     _, plain = _groups([0] * world)
 
     def together(rank: int) -> list[np.ndarray]:
@@ -308,3 +308,116 @@ def test_lone_arrays_of_all_reduce_many_share_rounds(in_place: bool) -> None:
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         for v, k in zip(values[rank], kept[rank], strict=True):
             assert v.tobytes() == k.tobytes()  # the caller's values are untouched
+
+
+# -- single copy: ranks read each other's arrays in place (cluster.collectives.cma) -------------
+
+
+def _single_copy_case(world: int, single_copy: list[bool], in_place: bool) -> list:
+    """All-reduces of three kinds on one host of ``world`` thread ranks, each rank's group made
+    with ``single_copy[rank]``: what every rank got, and whether its group read in place."""
+    from cluster.optimizers import _sgd_part
+
+    def sgd(target: np.ndarray, reduced: np.ndarray) -> None:
+        _sgd_part(target, reduced, learning_rate=0.25)
+
+    rng = np.random.default_rng(5)
+    specs = [(2000, "float32"), (37, "float64"), (0, "float32"), (1301, "float32"),
+             (900, "float64"), (64, "float32")]
+    values = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
+    params = [rng.standard_normal(n).astype(dt) for n, dt in specs]
+    lone = [rng.integers(-1000, 1000, 5001).astype("int64") for _ in range(world)]
+    kept = [[v.copy() for v in vs] for vs in values]
+    hub = InProcessHub(world)
+    groups = [_threads.new_group(t, shm_round_bytes=512, shm_whole_bytes=128, chunk_bytes=64,
+                                 shm_single_copy=single_copy[r])
+              for r, t in enumerate(hub.transports)]
+    alone = CommunicationOptions(bytes_per_pack=1)  # every array its own pack: each one lone
+
+    def rank(r: int) -> tuple:
+        g = groups[r]
+        mine = [v.copy() for v in values[r]] if in_place else values[r]
+        many = g.all_reduce_many(mine, "MEAN", options=alone, in_place=in_place)
+        updated = [p.copy() for p in params]
+        g.all_reduce_apply(values[r], updated, sgd, "SUM", options=alone)
+        biggest = g.all_reduce(lone[r], "MAX")
+        return many, updated, biggest, g._shm.single_copy
+
+    got = run_ranks(rank, world)
+    for r in range(world):
+        for v, k in zip(values[r], kept[r], strict=True):
+            assert v.tobytes() == k.tobytes()  # the caller's values are never written
+        assert np.array_equal(got[r][2], np.max(lone, axis=0))
+    return got
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_single_copy_gives_the_bytes_of_the_staged_algorithm(
+        world: int, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 256 B: arrays span several blocks and blocks span several arrays."""
+    from cluster.collectives import shared_memory
+
+    monkeypatch.setattr(shared_memory, "_READ_BLOCK_BYTES", 256)
+    single = _single_copy_case(world, [True] * world, in_place)
+    staged = _single_copy_case(world, [False] * world, in_place)
+    for r in range(world):
+        assert single[r][3] is True and staged[r][3] is False
+        for a, b in zip(_flat(single[r][:3]), _flat(staged[r][:3]), strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        for a, b in zip(_flat(single[0][:3]), _flat(single[r][:3]), strict=True):
+            assert a.tobytes() == b.tobytes()  # identical on every rank
+
+
+def _flat(results: tuple) -> list[np.ndarray]:
+    many, updated, biggest = results
+    return [*many, *updated, biggest]
+
+
+def test_ranks_read_in_place_by_default_only_where_they_outnumber_cores() -> None:
+    from cluster.collectives.shared_memory import auto_single_copy
+
+    assert [auto_single_copy(n, cpus=2) for n in (1, 2, 3, 4)] == [False, False, True, True]
+    assert not auto_single_copy(8, cpus=64)
+
+
+def test_one_rank_that_will_not_read_in_place_keeps_the_whole_host_staged() -> None:
+    got = _single_copy_case(3, [True, False, True], in_place=False)
+    assert [g[3] for g in got] == [False, False, False]
+    want = _single_copy_case(3, [True] * 3, in_place=False)
+    for a, b in zip(_flat(got[1][:3]), _flat(want[1][:3]), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_the_proof_needs_the_peers_token_at_its_address() -> None:
+    from cluster.collectives import cma
+
+    token = cma.Token()
+    assert cma.prove(os.getpid(), token.address, token.value())
+    assert not cma.prove(os.getpid(), token.address, bytes(16))  # another token
+    ctx = mp.get_context("spawn")
+    other = ctx.Process(target=time.sleep, args=(20,))
+    other.start()
+    try:  # a live process that is not the one that published the token
+        assert not cma.prove(other.pid, token.address, token.value())
+    finally:
+        other.kill()
+        other.join(10)
+    with pytest.raises(cma.CmaError) as gone:
+        cma.read(other.pid, [(token.address, token.address, 16)])
+    assert gone.value.errno == errno.ESRCH
+    with pytest.raises(cma.CmaError) as unmapped:
+        cma.read(os.getpid(), [(token.address, 8, 16)])
+    assert unmapped.value.errno == errno.EFAULT
+
+
+def test_a_failed_read_names_the_peer() -> None:
+    hub, groups = _groups([0, 0])
+    run_ranks(lambda r: groups[r].barrier(), 2)
+    shm = groups[0]._shm
+    assert shm is not None
+    shm.arena._pids[1] = 2**22 + 12345  # no such process
+    target = np.zeros(4, np.uint8)
+    with pytest.raises(PeerUnavailableError) as failed:
+        shm._read(1, [(target.ctypes.data, target.ctypes.data, 4)])
+    assert failed.value.task == "worker:1" and "worker:1" in str(failed.value)
