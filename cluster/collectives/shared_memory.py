@@ -72,9 +72,10 @@ def auto_single_copy(local_size: int, cpus: int | None = None) -> bool:
 
     Measured with ``bench/strategy.py`` (ResNet-50's ``apply_gradients``, alternating runs) on
     2 cores: with more ranks than cores every staged round's two waits are context switches, and
-    reading in place wins (4 ranks: 104-115 ms against 127-137 ms); with a core per rank the
-    staged rounds' waits are cheap and their copies run from cache, and they win (2 ranks:
-    37-41 ms against 42-50 ms).
+    reading in place wins (4 ranks: median 112.5 ms against 125.5 ms over six pairs; 91-99 ms
+    against 98-117 ms for ``all_reduce_apply`` alone); with a core per rank the staged rounds'
+    waits are cheap and their copies run from cache, and they win (2 ranks: 37-42 ms against
+    42-50 ms).
     """
     if cpus is None:
         cpus = os.cpu_count() or 1
