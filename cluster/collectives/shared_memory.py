@@ -62,9 +62,7 @@ def auto_whole_bytes(local_size: int, cpus: int | None = None) -> int:
     cores each extra wait costs a context switch, and reducing whole wins up to 512 KiB
     (4 ranks: 256 KiB in 0.51 ms vs 0.71 ms; 1 MiB in 1.13 ms vs 0.81 ms).
     """
-    if cpus is None:
-        cpus = os.cpu_count() or 1
-    return (16 << 10) if local_size <= cpus else (512 << 10)
+    return (512 << 10) if _outnumber_cores(local_size, cpus) else (16 << 10)
 
 
 def auto_single_copy(local_size: int, cpus: int | None = None) -> bool:
@@ -77,9 +75,12 @@ def auto_single_copy(local_size: int, cpus: int | None = None) -> bool:
     waits are cheap and their copies run from cache, and they win (2 ranks: 37-42 ms against
     42-50 ms).
     """
-    if cpus is None:
-        cpus = os.cpu_count() or 1
-    return local_size > cpus
+    return _outnumber_cores(local_size, cpus)
+
+
+def _outnumber_cores(local_size: int, cpus: int | None) -> bool:
+    """Whether ``local_size`` ranks outnumber ``cpus`` cores (this machine's by default)."""
+    return local_size > (cpus if cpus is not None else os.cpu_count() or 1)
 
 
 class SharedMemoryCollectives:
@@ -101,8 +102,7 @@ class SharedMemoryCollectives:
             single_copy = auto_single_copy(self.size)
         self._want_single_copy = single_copy and cma.supported()
         self._single_copy: bool | None = None
-        self._token: cma.Token | None = None
-        self._scratch: dict[int, list[np.ndarray]] = {}
+        self._scratch: list[np.ndarray] = []  # single copy's read blocks, one per local rank
 
     @property
     def single_copy(self) -> bool | None:
@@ -170,7 +170,7 @@ class SharedMemoryCollectives:
         every rank takes the same algorithm. A rank that does not want single copies says no.
         """
         arena, me = self.arena, self.rank
-        self._token = token = cma.Token()
+        token = cma.Token()  # alive until every peer has read it (the second round's wait)
         t = self._begin_round(deadline)
         mine = arena.buffer(me, t)
         mine[:8].view(np.uint64)[0] = token.address
@@ -219,13 +219,13 @@ class SharedMemoryCollectives:
         arena.wait_all(progress(t, 1), deadline)
         peers = {k: arena.buffer(k, t)[: table.nbytes].view(np.uint64).reshape(-1, 2).tolist()
                  for k in range(size) if k != me}
-        scratch = self._scratch_for(item)
-        block = len(scratch[0]) // item
+        scratch = [s.view(dtype) for s in self._read_blocks()]
+        block = scratch[0].size
         a, b = bounds[me]
         for lo in range(a, b, block):
             hi = min(lo + block, b)
             pieces = _pieces(starts, lo, hi)
-            views = [s.view(dtype)[: hi - lo] for s in scratch]
+            views = [s[: hi - lo] for s in scratch]
             for k, table_k in peers.items():
                 self._read(k, [(views[k].ctypes.data + at * item, table_k[j][0] + plo * item,
                                 (phi - plo) * item) for j, plo, phi, at in pieces])
@@ -240,14 +240,12 @@ class SharedMemoryCollectives:
         arena.post(progress(t, 2))
         arena.wait_all(progress(t, 2), deadline)
 
-    def _scratch_for(self, itemsize: int) -> list[np.ndarray]:
-        """One block of scratch per local rank (ours holds the result), kept for reuse."""
-        scratch = self._scratch.get(itemsize)
-        if scratch is None:
-            items = max(1, _READ_BLOCK_BYTES // itemsize)
-            scratch = [np.empty(items * itemsize, np.uint8) for _ in range(self.size)]
-            self._scratch[itemsize] = scratch
-        return scratch
+    def _read_blocks(self) -> list[np.ndarray]:
+        """One :data:`_READ_BLOCK_BYTES` block of scratch per local rank (ours holds the result),
+        made once and viewed as any dtype (the size is a multiple of every itemsize)."""
+        if not self._scratch:
+            self._scratch = [np.empty(_READ_BLOCK_BYTES, np.uint8) for _ in range(self.size)]
+        return self._scratch
 
     def _read(self, k: int, pairs: list[tuple[int, int, int]]) -> None:
         """:func:`cma.read` from local rank ``k``; a failure names the peer."""
