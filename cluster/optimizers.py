@@ -13,7 +13,6 @@ which apply the same rule there, next to the slots they keep.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,6 +22,7 @@ from cluster import _context
 from cluster._family import to_array, xp_of
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
+from cluster.collectives.epilogue import AddScaled
 from cluster.ps.store import OptimizerSpec
 from cluster.strategies import DistributedVariable
 from cluster.values import Mirrored
@@ -173,13 +173,6 @@ def _grad_array(variable: Variable, grad: Any) -> Any:
     return array.astype(value.dtype, copy=False)
 
 
-def _sgd_part(value: np.ndarray, grad: np.ndarray, *, learning_rate: float) -> None:
-    """Keras' ``w -= lr * g`` on a part, using the reduced ``grad`` (the collective's scratch)
-    for ``-lr * g``: no temporary, and bitwise the same (``w + (-(lr g))`` is ``w - lr g``)."""
-    np.multiply(grad, -value.dtype.type(learning_rate), out=grad)
-    np.add(value, grad, out=value)
-
-
 class SGD(Optimizer):
     """Gradient descent with optional (Nesterov) momentum, Keras' rule:
 
@@ -199,7 +192,7 @@ class SGD(Optimizer):
     def _fused_update(self) -> Callable[[np.ndarray, np.ndarray], None] | None:
         if self.momentum:
             return None  # a slot per element: every rank must update its own copy
-        return functools.partial(_sgd_part, learning_rate=self.learning_rate)
+        return AddScaled(-self.learning_rate)  # Keras' w -= lr * g, bitwise
 
     def _update_rule(self) -> OptimizerSpec:
         return OptimizerSpec.sgd(self.learning_rate, self.momentum, self.nesterov)

@@ -18,11 +18,15 @@ The contract that makes this exact:
   collective's own buffer, never the caller's value), and must not keep either array.
 - Every rank's target holds the same bytes on entry (mirrored variables do).
 - A collective that fails part way leaves each element of the target either updated or not.
+
+:class:`AddScaled` (SGD's rule) is the update the collectives can also run as one compiled
+pass with the reduction (:mod:`cluster.collectives.kernels`); any other callable runs as given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,11 +35,28 @@ from cluster._family import is_cupy, stage
 from cluster.collectives._jobs import on_gpu
 from cluster.collectives.ops import check_reducible
 
-__all__ = ["Update", "apply_whole", "check_apply", "check_target"]
+__all__ = ["AddScaled", "Update", "apply_whole", "check_apply", "check_target"]
 
 Update = Callable[[np.ndarray, np.ndarray], None]
 """``update(target_part, reduced_part)``: flat, equal-length NumPy views; updates the first,
 may overwrite the second (scratch)."""
+
+
+@dataclass(frozen=True)
+class AddScaled:
+    """The update ``target += reduced * scale`` (SGD's ``w -= lr * g`` is ``scale = -lr``).
+
+    An :data:`Update` like any other, and one the collectives know: where the reduction is a
+    SUM of float32 or float64 values, the rank that completes it sums, scales and adds in one
+    pass over memory (:mod:`cluster.collectives.kernels`), bitwise equal to this call.
+    ``scale`` is rounded to the target's dtype first, as NumPy does for a Python float.
+    """
+
+    scale: float
+
+    def __call__(self, target: np.ndarray, reduced: np.ndarray) -> None:
+        np.multiply(reduced, target.dtype.type(self.scale), out=reduced)
+        np.add(target, reduced, out=target)
 
 
 def apply_whole(update: Update, target: np.ndarray, reduced: np.ndarray) -> None:

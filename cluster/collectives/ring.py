@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cluster.collectives import kernels
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
@@ -283,8 +284,12 @@ def _combine_update(op: ReduceOp, count: int, mine: np.ndarray, source: np.ndarr
     it back out for every element, where ``scratch`` stays in a core's cache. In place
     (``source`` is None, ``mine`` holds the local values) ``mine`` takes the sums, a block at a
     time, so that ``update`` reads them from cache. Either way, the bytes are those of the
-    whole-chunk sequence: every step is elementwise.
+    whole-chunk sequence: every step is elementwise. A SUM with an ``AddScaled`` update takes
+    one compiled pass over the whole chunk instead (:func:`kernels.sum_add_scaled`).
     """
+    local = mine if source is None else source
+    if op is ReduceOp.SUM and kernels.sum_add_scaled(update, [local, incoming], target):
+        return  # one pass: no sums to keep in cache
     block = scratch.size
     for lo in range(0, mine.size, block):
         hi = min(lo + block, mine.size)

@@ -43,7 +43,7 @@ import os
 
 import numpy as np
 
-from cluster.collectives import cma
+from cluster.collectives import cma, kernels
 from cluster.collectives.arena import Arena, progress
 from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
@@ -440,12 +440,17 @@ def _reduce_pieces(op: ReduceOp, count: int, pieces: list[tuple[int, int, int, i
     Operand ``k`` of a piece is ``srcs[j][lo:hi]`` for ``k == me`` and ``received[k][at:...]``
     for a peer; the result goes to ``received[me]`` (the collective's own buffer), then into
     ``outs[j][lo:hi]``, or updates it (fused). ``staged``: peers copy the result from
-    ``received[me]``, so an updated part is copied back there while it is hot.
+    ``received[me]``, so an updated part is copied back there while it is hot. A SUM with an
+    :class:`~cluster.collectives.epilogue.AddScaled` update does all of it in one pass
+    (:func:`kernels.sum_add_scaled`) where that applies.
     """
     for j, lo, hi, at in pieces:
         operands = [srcs[j][lo:hi] if k == me else received[k][at : at + hi - lo]
                     for k in range(len(received))]
         result = received[me][at : at + hi - lo]
+        if op is ReduceOp.SUM and kernels.sum_add_scaled(update, operands, outs[j][lo:hi],
+                                                         result if staged else None):
+            continue  # summed, updated (and copied back) in one pass
         _reduce_in_order(op, result, operands)
         finalize(op, result, count)
         if update is None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cluster._update_rules import sgd_update
-from cluster.optimizers import _sgd_part
+from cluster.collectives.epilogue import AddScaled
 
 from ._threads import make_groups, run_ranks
 
@@ -27,7 +27,7 @@ SHAPES = [(512, 1024), (3,), (5, 7), (300_001,), (17,)]
 def sgd(target: np.ndarray, reduced: np.ndarray) -> None:
     """Keras SGD as the optimizer fuses it: ``reduced`` is scribbled on (the collective's
     scratch), so a path that passed the caller's value would show in the inputs' check."""
-    _sgd_part(target, reduced, learning_rate=0.125)
+    AddScaled(-0.125)(target, reduced)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

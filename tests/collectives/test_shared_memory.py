@@ -316,10 +316,9 @@ def test_lone_arrays_of_all_reduce_many_share_rounds(in_place: bool) -> None:
 def _single_copy_case(world: int, single_copy: list[bool], in_place: bool) -> list:
     """All-reduces of three kinds on one host of ``world`` thread ranks, each rank's group made
     with ``single_copy[rank]``: what every rank got, and whether its group read in place."""
-    from cluster.optimizers import _sgd_part
+    from cluster.collectives.epilogue import AddScaled
 
-    def sgd(target: np.ndarray, reduced: np.ndarray) -> None:
-        _sgd_part(target, reduced, learning_rate=0.25)
+    sgd = AddScaled(-0.25)
 
     rng = np.random.default_rng(5)
     specs = [(2000, "float32"), (37, "float64"), (0, "float32"), (1301, "float32"),
