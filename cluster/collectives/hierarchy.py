@@ -166,9 +166,12 @@ class HostCollectives:
                          targets: list[np.ndarray], plan: list[list[int]], op: ReduceOp,
                          update: Update) -> None:
         """``update(targets[i], op of arrays[i])`` (NumPy, packed as ``plan`` says), in one
-        collective. Lone arrays on the ``LOCAL`` route large enough for the direct algorithm
-        fuse the update into it (:mod:`~cluster.collectives.epilogue`), all of one dtype in
-        one run of rounds, after the rest; the rest are reduced, then updated by every rank."""
+        collective. On the ``LOCAL`` route, every array of a dtype whose arrays together are
+        large enough for the direct algorithm joins that dtype's one run of rounds, packed or
+        not, and the update is fused into it (:mod:`~cluster.collectives.epilogue`) after the
+        rest: rounds already span arrays, so a pack would only add a copy in, a collective of
+        its own and an update by every rank. The rest are reduced, then updated by every
+        rank."""
         signature = (
             f"all_reduce_apply {op.value} {_packing.describe(arrays)} "
             f"pack={call.options.bytes_per_pack} {self.config(route)}"
@@ -176,13 +179,15 @@ class HostCollectives:
         if route is Route.HIER:
             self._network.handshake(call, signature)
         fused: _ByDtype = {}
+        joining = self._dtypes_sharing_rounds(route, arrays)
         for indices in plan:
+            if arrays[indices[0]].dtype in joining:  # a pack holds one dtype
+                for i in indices:
+                    _add(fused, np.ascontiguousarray(arrays[i]).reshape(-1), targets[i])
+                continue
             if len(indices) == 1:
                 i = indices[0]
                 src = np.ascontiguousarray(arrays[i]).reshape(-1)
-                if self._shares_rounds(route, src):
-                    _add(fused, src, targets[i])
-                    continue
                 work = self._buffers.empty(src.size, src.dtype)
                 self._reduce(call, route, signature, src, work, op)
                 apply_whole(update, targets[i], work)
@@ -199,6 +204,17 @@ class HostCollectives:
         route, large enough for the direct algorithm."""
         return route is Route.LOCAL and self.shm is not None \
             and self.shm.algorithm(src.nbytes) == "direct"
+
+    def _dtypes_sharing_rounds(self, route: Route, arrays: list[np.ndarray]) -> set[np.dtype]:
+        """The dtypes whose arrays, all together, take the direct algorithm on the ``LOCAL``
+        route (none on the others)."""
+        if route is not Route.LOCAL or self.shm is None:
+            return set()
+        totals: dict[np.dtype, int] = {}
+        for array in arrays:
+            totals[array.dtype] = totals.get(array.dtype, 0) + array.nbytes
+        return {dtype for dtype, total in totals.items()
+                if self.shm.algorithm(total) == "direct"}
 
     def _reduce_sharing_rounds(self, call: Call, signature: str, by_dtype: _ByDtype,
                                op: ReduceOp, update: Update | None = None) -> None:

@@ -20,7 +20,6 @@ ops) callers fall back to NumPy: :func:`sum_add_scaled` returns ``False``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,8 +30,10 @@ from cluster.collectives.epilogue import AddScaled
 __all__ = ["MIN_ITEMS", "sum_add_scaled"]
 
 MIN_ITEMS = 1 << 16
-"""Parts with fewer elements take NumPy's passes: their cost is small either way, and a job
-whose parts are all small never imports numba."""
+"""Until numba is loaded, parts with fewer elements take NumPy's passes: their cost is small
+either way, and a job whose parts are all small never imports numba. Once a larger part has
+loaded it, parts of every size take the one pass (a call costs a few microseconds, against
+five NumPy calls)."""
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -43,12 +44,12 @@ def sum_add_scaled(update: Any, operands: Sequence[np.ndarray], target: np.ndarr
     ``copy_to[:] = target``, elementwise in one pass, bitwise as NumPy; return ``True``.
 
     It applies when ``update`` is an :class:`AddScaled`, the arrays are flat, C-contiguous,
-    aligned float32 or float64 of one dtype and length (at least :data:`MIN_ITEMS`), there are
+    aligned float32 or float64 of one dtype and length (see :data:`MIN_ITEMS`), there are
     two operands or more, and numba is there. Otherwise nothing is written and it returns
     ``False``: the caller reduces and updates with NumPy. ``target`` may not alias an operand;
     ``copy_to`` may not alias anything.
     """
-    if not isinstance(update, AddScaled) or len(operands) < 2 or target.size < MIN_ITEMS:
+    if not isinstance(update, AddScaled) or len(operands) < 2:
         return False
     dtype = target.dtype
     arrays = [*operands, target] if copy_to is None else [*operands, target, copy_to]
@@ -56,7 +57,7 @@ def sum_add_scaled(update: Any, operands: Sequence[np.ndarray], target: np.ndarr
         return False
     if not (target.flags.writeable and (copy_to is None or copy_to.flags.writeable)):
         return False
-    kernels = _kernels()
+    kernels = _loops(target.size)
     if kernels is None:
         return False
     scale = dtype.type(update.scale)  # rounded as NumPy rounds a Python float for this dtype
@@ -81,11 +82,21 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return view
 
 
-@functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
-    """The compiled loops ``(update, update and copy)``, or ``None`` without numba."""
-    try:
-        from cluster.collectives import _loops
-    except ImportError:  # a platform numba does not support: NumPy's passes do the work
-        return None
-    return _loops.add_scaled, _loops.add_scaled_copy
+_Loops = tuple[Callable[..., None], Callable[..., None]]
+
+_loaded: _Loops | bool | None = None
+"""The compiled loops ``(update, update and copy)`` once loaded; ``False`` where numba cannot
+load; ``None`` until a part of :data:`MIN_ITEMS` elements asks."""
+
+
+def _loops(size: int) -> _Loops | None:
+    """The loops for a part of ``size`` elements, loading them for a large one."""
+    global _loaded
+    if _loaded is None and size >= MIN_ITEMS:
+        try:
+            from cluster.collectives import _loops as loops
+        except ImportError:  # a platform numba does not support: NumPy's passes do the work
+            _loaded = False
+        else:
+            _loaded = (loops.add_scaled, loops.add_scaled_copy)
+    return _loaded or None

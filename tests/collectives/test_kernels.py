@@ -74,8 +74,6 @@ def _refused_cases() -> dict[str, tuple]:
         "an update it does not know": (lambda t, r: None, f32, np.zeros(n, np.float32)),
         "float16": (AddScaled(1.0), [np.ones(n, np.float16)] * 2, np.zeros(n, np.float16)),
         "integers": (AddScaled(1.0), [np.ones(n, np.int32)] * 2, np.zeros(n, np.int32)),
-        "too small to pay for numba": (AddScaled(1.0), [a[:-1] for a in f32],
-                                       np.zeros(n - 1, np.float32)),
         "one operand": (AddScaled(1.0), f32[:1], np.zeros(n, np.float32)),
         "mixed dtypes": (AddScaled(1.0), [f32[0], np.ones(n, np.float64)],
                          np.zeros(n, np.float32)),
@@ -86,6 +84,20 @@ def _refused_cases() -> dict[str, tuple]:
         "misaligned": (AddScaled(1.0), [odd, f32[1]], np.zeros(n, np.float32)),
         "read-only target": (AddScaled(1.0), f32, np.frombuffer(bytes(4 * n), np.float32)),
     }
+
+
+def test_small_parts_do_not_load_numba_but_use_it_once_loaded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small = kernels.MIN_ITEMS - 1
+    ops = [np.ones(small, np.float32), np.ones(small, np.float32)]
+    target = np.zeros(small, np.float32)
+    monkeypatch.setattr(kernels, "_loaded", None)
+    assert not kernels.sum_add_scaled(AddScaled(1.0), ops, target)
+    assert kernels._loaded is None and not target.any()  # nothing loaded, nothing written
+    large = [np.ones(kernels.MIN_ITEMS, np.float32)] * 2
+    assert kernels.sum_add_scaled(AddScaled(1.0), large, np.zeros(kernels.MIN_ITEMS, np.float32))
+    assert kernels.sum_add_scaled(AddScaled(1.0), ops, target)
+    assert (target == 2).all()
 
 
 @pytest.mark.parametrize("case", list(_refused_cases()))
@@ -118,7 +130,7 @@ def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
     grads = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(world)]
     params = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     kept = [[g.copy() for g in gs] for gs in grads]
-    compiled = kernels._kernels()
+    compiled = kernels._loops(kernels.MIN_ITEMS)
     assert compiled is not None
     calls = [0]
     lock = threading.Lock()
@@ -130,7 +142,6 @@ def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
             fn(*args)
         return call
 
-    monkeypatch.setattr(kernels, "_kernels", lambda: tuple(counted(f) for f in compiled))
 
     def groups() -> list:
         hub = InProcessHub(world)
@@ -142,14 +153,14 @@ def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
                                 shm_single_copy=path.endswith("copy"))
                 for t in hub.transports]
 
-    monkeypatch.setattr(kernels, "MIN_ITEMS", 8)
+    monkeypatch.setattr(kernels, "_loaded", tuple(counted(f) for f in compiled))
     built = groups()
     got = _fused_apply(built, world, grads, params)
     if path != "ring":
         single = path.endswith("copy")
         assert all(g._shm is not None and g._shm.single_copy is single for g in built)
     assert calls[0] > 0  # the one pass ran
-    monkeypatch.setattr(kernels, "MIN_ITEMS", 1 << 40)
+    monkeypatch.setattr(kernels, "_loaded", False)  # as where numba cannot load
     taken = calls[0]
     want = _fused_apply(groups(), world, grads, params)
     assert calls[0] == taken  # NumPy's passes this time

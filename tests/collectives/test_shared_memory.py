@@ -10,6 +10,7 @@ import errno
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 
 import numpy as np
@@ -420,3 +421,60 @@ def test_a_failed_read_names_the_peer() -> None:
     with pytest.raises(PeerUnavailableError) as failed:
         shm._read(1, [(target.ctypes.data, target.ctypes.data, 4)])
     assert failed.value.task == "worker:1" and "worker:1" in str(failed.value)
+
+
+@pytest.mark.parametrize("single_copy", [False, True])
+def test_small_arrays_on_one_host_are_updated_once_in_the_group_without_a_pack(
+        single_copy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays that would share a pack on the network join the host's run of rounds instead:
+    each element is updated by one rank (the update's element counts add up to the total), no
+    pack is made, and every rank ends with the unfused bytes. A dtype whose arrays are small
+    all together keeps its pack (one round) and is updated by every rank."""
+    from cluster.collectives import _packing
+    from cluster.collectives.epilogue import AddScaled
+
+    world = 3
+    specs = [(300, "float32"), (41, "float32"), (7, "float64"), (520, "float32"), (5, "float64")]
+    rng = np.random.default_rng(8)
+    grads = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
+    params = [rng.standard_normal(n).astype(dt) for n, dt in specs]
+    touched: dict[str, int] = {"float32": 0, "float64": 0}
+    lock = threading.Lock()
+
+    def counting(target: np.ndarray, reduced: np.ndarray) -> None:
+        with lock:
+            touched[target.dtype.name] += target.size
+        AddScaled(-0.5)(target, reduced)
+
+    packs = []
+    real_pack = _packing.pack
+
+    def recording(arrays, *args, **kwargs):
+        packs.append([a.dtype.name for a in arrays])
+        return real_pack(arrays, *args, **kwargs)
+
+    monkeypatch.setattr(_packing, "pack", recording)
+    # 861 float32 (3444 B) take the direct algorithm; 12 float64 (96 B) stay whole.
+    _, groups = _groups([0] * world, shm_whole_bytes=256, shm_single_copy=single_copy)
+    _, plain = _groups([0] * world, shm_whole_bytes=256, shm_single_copy=single_copy)
+
+    def fused(rank: int) -> list[np.ndarray]:
+        mine = [p.copy() for p in params]
+        groups[rank].all_reduce_apply(grads[rank], mine, counting)
+        return mine
+
+    def unfused(rank: int) -> list[np.ndarray]:
+        mine = [p.copy() for p in params]
+        for target, total in zip(mine, plain[rank].all_reduce_many(grads[rank], "SUM"),
+                                 strict=True):
+            AddScaled(-0.5)(target, total.copy())
+        return mine
+
+    got = run_ranks(fused, world)
+    assert touched == {"float32": 861, "float64": world * 12}, touched
+    assert packs == [["float64", "float64"]] * world  # only the small dtype was packed
+    assert all(g._shm.single_copy is single_copy for g in groups)
+    want = run_ranks(unfused, world)
+    for rank in range(world):
+        for a, b in zip(got[rank], want[rank], strict=True):
+            assert a.tobytes() == b.tobytes()
