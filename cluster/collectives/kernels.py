@@ -13,13 +13,15 @@ fused multiply-add), so every element gets exactly the operations NumPy's passes
 the same order, and the bytes are identical (tested against NumPy).
 
 Compiled on first use and cached on disk by numba (``cache=True``); importing numba and
-loading the kernel costs a process about 2 s once, so parts smaller than :data:`MIN_ITEMS`
-stay on NumPy and small jobs never pay it. Without numba (or for other dtypes, updates and
-ops) callers fall back to NumPy: :func:`sum_add_scaled` returns ``False``.
+loading the loops costs a process 1-3 s once, so until a part of :data:`MIN_ITEMS` elements
+comes along parts stay on NumPy, and jobs with only small parts never pay it. Where numba
+cannot load or cache (or for other dtypes, updates and ops) callers fall back to NumPy:
+:func:`sum_add_scaled` returns ``False``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +30,8 @@ import numpy as np
 from cluster.collectives.epilogue import AddScaled
 
 __all__ = ["MIN_ITEMS", "sum_add_scaled"]
+
+log = logging.getLogger(__name__)
 
 MIN_ITEMS = 1 << 16
 """Until numba is loaded, parts with fewer elements take NumPy's passes: their cost is small
@@ -95,7 +99,10 @@ def _loops(size: int) -> _Loops | None:
     if _loaded is None and size >= MIN_ITEMS:
         try:
             from cluster.collectives import _loops as loops
-        except ImportError:  # a platform numba does not support: NumPy's passes do the work
+        # ImportError: no numba for this platform or NumPy; RuntimeError: numba found no
+        # writable place for its cache. NumPy's passes give the same bytes.
+        except (ImportError, RuntimeError) as e:
+            log.warning("fused all-reduce updates run on NumPy: numba did not load (%s)", e)
             _loaded = False
         else:
             _loaded = (loops.add_scaled, loops.add_scaled_copy)

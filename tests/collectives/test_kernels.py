@@ -3,6 +3,8 @@ passes, refused where it does not apply, and taken by every fused all-reduce tha
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 
 import numpy as np
@@ -98,6 +100,21 @@ def test_small_parts_do_not_load_numba_but_use_it_once_loaded(
     assert kernels.sum_add_scaled(AddScaled(1.0), large, np.zeros(kernels.MIN_ITEMS, np.float32))
     assert kernels.sum_add_scaled(AddScaled(1.0), ops, target)
     assert (target == 2).all()
+
+
+def test_without_numba_numpy_does_the_work_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import cluster.collectives
+
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.delattr(cluster.collectives, "_loops", raising=False)
+    monkeypatch.setitem(sys.modules, "cluster.collectives._loops", None)  # import fails
+    n = kernels.MIN_ITEMS
+    target = np.zeros(n, np.float32)
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+        assert not kernels.sum_add_scaled(AddScaled(1.0), [np.ones(n, np.float32)] * 2, target)
+    assert kernels._loaded is False and not target.any()
+    assert "run on NumPy: numba did not load" in caplog.text
 
 
 @pytest.mark.parametrize("case", list(_refused_cases()))
