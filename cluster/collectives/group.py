@@ -18,7 +18,7 @@ import numpy as np
 
 from cluster import timeline
 from cluster._family import Staged, is_cupy, stage, to_array
-from cluster.collectives import _jobs, _packing, _stall
+from cluster.collectives import _jobs, _packing, _stall, kernels
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
 from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
@@ -282,6 +282,8 @@ class CollectiveGroup:
         def prepare() -> Prepared:
             parsed = ReduceOp.parse(op)
             arrays, flat = check_apply(values, targets, update)
+            if self.world_size > 1:  # loading compiled loops is not the collective's time
+                kernels.load_for(update, sum(a.size for a in arrays))
             return (lambda call: self._all_reduce_apply_impl(call, arrays, flat, parsed, update),
                     identity)
 

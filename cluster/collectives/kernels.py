@@ -13,10 +13,11 @@ fused multiply-add), so every element gets exactly the operations NumPy's passes
 the same order, and the bytes are identical (tested against NumPy).
 
 Compiled on first use and cached on disk by numba (``cache=True``); importing numba and
-loading the loops costs a process 1-3 s once, so until a part of :data:`MIN_ITEMS` elements
-comes along parts stay on NumPy, and jobs with only small parts never pay it. Where numba
-cannot load or cache (or for other dtypes, updates and ops) callers fall back to NumPy:
-:func:`sum_add_scaled` returns ``False``.
+loading the loops costs a process 1-3 s once, so only a fused call of :data:`LOAD_ITEMS`
+elements or more loads them (:func:`load_for`, before the collective starts), and jobs with
+small models never pay it. Until then, and where numba cannot load or cache (or for other
+dtypes, updates and ops), callers keep NumPy's passes: :func:`sum_add_scaled` returns
+``False``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import numpy as np
 
 from cluster.collectives.epilogue import AddScaled
 
-__all__ = ["MIN_ITEMS", "sum_add_scaled"]
+__all__ = ["LOAD_ITEMS", "load_for", "sum_add_scaled"]
 
 log = logging.getLogger(__name__)
 
-MIN_ITEMS = 1 << 16
-"""Until numba is loaded, parts with fewer elements take NumPy's passes: their cost is small
-either way, and a job whose parts are all small never imports numba. Once a larger part has
-loaded it, parts of every size take the one pass (a call costs a few microseconds, against
+LOAD_ITEMS = 1 << 22
+"""A fused call of this many elements or more (16 MiB of float32) loads the loops: at that
+size the one pass saves milliseconds every step; below it, less than loading numba costs once
+(1-3 s). Once loaded, parts of every size take it (a call costs a few microseconds, against
 five NumPy calls)."""
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -48,8 +49,8 @@ def sum_add_scaled(update: Any, operands: Sequence[np.ndarray], target: np.ndarr
     ``copy_to[:] = target``, elementwise in one pass, bitwise as NumPy; return ``True``.
 
     It applies when ``update`` is an :class:`AddScaled`, the arrays are flat, C-contiguous,
-    aligned float32 or float64 of one dtype and length (see :data:`MIN_ITEMS`), there are
-    two operands or more, and numba is there. Otherwise nothing is written and it returns
+    aligned float32 or float64 of one dtype and length, there are two operands or more, and
+    the loops are loaded (:func:`load_for`). Otherwise nothing is written and it returns
     ``False``: the caller reduces and updates with NumPy. ``target`` may not alias an operand;
     ``copy_to`` may not alias anything.
     """
@@ -61,8 +62,8 @@ def sum_add_scaled(update: Any, operands: Sequence[np.ndarray], target: np.ndarr
         return False
     if not (target.flags.writeable and (copy_to is None or copy_to.flags.writeable)):
         return False
-    kernels = _loops(target.size)
-    if kernels is None:
+    kernels = _loaded
+    if not kernels:
         return False
     scale = dtype.type(update.scale)  # rounded as NumPy rounds a Python float for this dtype
     # One array type for every operand (numba types a read-only array apart), so they make a
@@ -90,13 +91,14 @@ _Loops = tuple[Callable[..., None], Callable[..., None]]
 
 _loaded: _Loops | bool | None = None
 """The compiled loops ``(update, update and copy)`` once loaded; ``False`` where numba cannot
-load; ``None`` until a part of :data:`MIN_ITEMS` elements asks."""
+load; ``None`` until a call large enough asks (:func:`load_for`)."""
 
 
-def _loops(size: int) -> _Loops | None:
-    """The loops for a part of ``size`` elements, loading them for a large one."""
+def load_for(update: Any, items: int) -> bool:
+    """Load the loops (once per process) if a fused call of ``items`` elements with ``update``
+    would use them and is worth it; whether they are loaded."""
     global _loaded
-    if _loaded is None and size >= MIN_ITEMS:
+    if _loaded is None and isinstance(update, AddScaled) and items >= LOAD_ITEMS:
         try:
             from cluster.collectives import _loops as loops
         # ImportError: no numba for this platform or NumPy; RuntimeError: numba found no
@@ -106,4 +108,4 @@ def _loops(size: int) -> _Loops | None:
             _loaded = False
         else:
             _loaded = (loops.add_scaled, loops.add_scaled_copy)
-    return _loaded or None
+    return bool(_loaded)

@@ -24,6 +24,14 @@ pytestmark = [pytest.mark.shm_path, pytest.mark.timeout(120)]  # the first call 
 pytest.importorskip("numba", reason="numba is a dependency; without it NumPy does the work")
 
 
+@pytest.fixture
+def loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loops loaded, as after a first large fused call (this process's state as it was
+    after the test, so that other tests' paths do not depend on the order they run in)."""
+    monkeypatch.setattr(kernels, "_loaded", kernels._loaded)
+    assert kernels.load_for(AddScaled(1.0), kernels.LOAD_ITEMS)
+
+
 def _values(n: int, dtype: str, seed: int) -> np.ndarray:
     """Normal values with the awkward ones sprinkled in: zeros of both signs, infinities, the
     default NaN, subnormals and values near overflow."""
@@ -50,8 +58,9 @@ def _numpy(operands: list[np.ndarray], scale: float, target: np.ndarray) -> np.n
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 @pytest.mark.parametrize("copy", [False, True])
-def test_one_pass_gives_the_bytes_of_numpys_passes(dtype: str, ranks: int, copy: bool) -> None:
-    n = kernels.MIN_ITEMS + 1001  # not a multiple of any vector width
+def test_one_pass_gives_the_bytes_of_numpys_passes(dtype: str, ranks: int, copy: bool,
+                                                   loaded: None) -> None:
+    n = 70_001  # not a multiple of any vector width
     operands = [_values(n, dtype, seed) for seed in range(ranks)]
     # A received chunk is a read-only view of the transport's bytes.
     operands[-1] = np.frombuffer(operands[-1].tobytes(), dtype)
@@ -69,7 +78,7 @@ def test_one_pass_gives_the_bytes_of_numpys_passes(dtype: str, ranks: int, copy:
 
 
 def _refused_cases() -> dict[str, tuple]:
-    n = kernels.MIN_ITEMS
+    n = 1000
     f32 = [np.ones(n, np.float32), np.ones(n, np.float32)]
     odd = np.frombuffer(bytes(4 * n + 4), np.float32, count=n, offset=1)  # misaligned
     return {
@@ -88,18 +97,36 @@ def _refused_cases() -> dict[str, tuple]:
     }
 
 
-def test_small_parts_do_not_load_numba_but_use_it_once_loaded(
+def test_only_a_large_fused_call_of_add_scaled_loads_numba(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    small = kernels.MIN_ITEMS - 1
-    ops = [np.ones(small, np.float32), np.ones(small, np.float32)]
-    target = np.zeros(small, np.float32)
+    ops = [np.ones(100, np.float32), np.ones(100, np.float32)]
+    target = np.zeros(100, np.float32)
     monkeypatch.setattr(kernels, "_loaded", None)
-    assert not kernels.sum_add_scaled(AddScaled(1.0), ops, target)
-    assert kernels._loaded is None and not target.any()  # nothing loaded, nothing written
-    large = [np.ones(kernels.MIN_ITEMS, np.float32)] * 2
-    assert kernels.sum_add_scaled(AddScaled(1.0), large, np.zeros(kernels.MIN_ITEMS, np.float32))
-    assert kernels.sum_add_scaled(AddScaled(1.0), ops, target)
+    assert not kernels.sum_add_scaled(AddScaled(1.0), ops, target)  # nothing loaded yet
+    assert not target.any()
+    assert not kernels.load_for(AddScaled(1.0), kernels.LOAD_ITEMS - 1)  # too small to pay
+    assert not kernels.load_for(lambda t, r: None, kernels.LOAD_ITEMS)  # not an update it runs
+    assert kernels._loaded is None
+    assert kernels.load_for(AddScaled(1.0), kernels.LOAD_ITEMS)
+    assert kernels.sum_add_scaled(AddScaled(1.0), ops, target)  # then parts of any size
     assert (target == 2).all()
+
+
+def test_a_group_loads_the_loops_before_its_first_large_fused_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.setattr(kernels, "LOAD_ITEMS", 1000)
+    network = CollectiveSettings(path=CollectivePath.NETWORK)
+    groups = [CollectiveGroup(t, settings=network) for t in InProcessHub(2).transports]
+
+    def body(rank: int, n: int) -> None:
+        groups[rank].all_reduce_apply([np.ones(n, np.float32)], [np.zeros(n, np.float32)],
+                                      AddScaled(1.0))
+
+    run_ranks(lambda r: body(r, 999), 2)
+    assert kernels._loaded is None
+    run_ranks(lambda r: body(r, 1000), 2)
+    assert kernels._loaded
 
 
 def test_without_numba_numpy_does_the_work_and_says_so(
@@ -109,16 +136,17 @@ def test_without_numba_numpy_does_the_work_and_says_so(
     monkeypatch.setattr(kernels, "_loaded", None)
     monkeypatch.delattr(cluster.collectives, "_loops", raising=False)
     monkeypatch.setitem(sys.modules, "cluster.collectives._loops", None)  # import fails
-    n = kernels.MIN_ITEMS
-    target = np.zeros(n, np.float32)
+    target = np.zeros(100, np.float32)
     with caplog.at_level(logging.WARNING, logger=kernels.__name__):
-        assert not kernels.sum_add_scaled(AddScaled(1.0), [np.ones(n, np.float32)] * 2, target)
+        assert not kernels.load_for(AddScaled(1.0), kernels.LOAD_ITEMS)
+        assert not kernels.sum_add_scaled(AddScaled(1.0), [np.ones(100, np.float32)] * 2,
+                                          target)
     assert kernels._loaded is False and not target.any()
     assert "run on NumPy: numba did not load" in caplog.text
 
 
 @pytest.mark.parametrize("case", list(_refused_cases()))
-def test_what_it_cannot_do_it_leaves_to_numpy_untouched(case: str) -> None:
+def test_what_it_cannot_do_it_leaves_to_numpy_untouched(case: str, loaded: None) -> None:
     update, operands, target = _refused_cases()[case]
     before = target.copy()
     assert not kernels.sum_add_scaled(update, operands, target)
@@ -139,7 +167,7 @@ def _fused_apply(groups: list, world: int, grads: list, params: list) -> list:
 @pytest.mark.parametrize("path", ["ring", "shared memory, staged", "shared memory, single copy"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
-        path: str, world: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        path: str, world: int, monkeypatch: pytest.MonkeyPatch, loaded: None) -> None:
     rng = np.random.default_rng(4)
     # Each array alone: the ring fuses lone arrays only (the ring takes the large one); the
     # small shared-memory rounds below make arrays span rounds and rounds span arrays.
@@ -147,8 +175,7 @@ def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
     grads = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(world)]
     params = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     kept = [[g.copy() for g in gs] for gs in grads]
-    compiled = kernels._loops(kernels.MIN_ITEMS)
-    assert compiled is not None
+    compiled = kernels._loaded
     calls = [0]
     lock = threading.Lock()
 
