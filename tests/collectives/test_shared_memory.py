@@ -434,7 +434,8 @@ def test_small_arrays_on_one_host_are_updated_once_in_the_group_without_a_pack(
     from cluster.collectives.epilogue import AddScaled
 
     world = 3
-    specs = [(300, "float32"), (41, "float32"), (7, "float64"), (520, "float32"), (5, "float64")]
+    specs = [(300, "float32"), (41, "float32"), (7, "float64"), (0, "float32"), (520, "float32"),
+             (5, "float64")]
     rng = np.random.default_rng(8)
     grads = [[rng.standard_normal(n).astype(dt) for n, dt in specs] for _ in range(world)]
     params = [rng.standard_normal(n).astype(dt) for n, dt in specs]
