@@ -36,7 +36,7 @@ import numpy as np
 from cluster.collectives import kernels
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.epilogue import Update
-from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
+from cluster.collectives.ops import ReduceOp, combine_into, finalize
 from cluster.collectives.schedule import (
     Range,
     RingStep,
@@ -293,12 +293,8 @@ def _combine_update(op: ReduceOp, count: int, mine: np.ndarray, source: np.ndarr
     block = scratch.size
     for lo in range(0, mine.size, block):
         hi = min(lo + block, mine.size)
-        if source is None:
-            sums = mine[lo:hi]
-            reduce_into(op, sums, incoming[lo:hi])
-        else:
-            sums = scratch[:hi - lo]
-            combine_into(op, sums, source[lo:hi], incoming[lo:hi])
+        sums = mine[lo:hi] if source is None else scratch[:hi - lo]
+        combine_into(op, sums, local[lo:hi], incoming[lo:hi])
         finalize(op, sums, count)
         update(target[lo:hi], sums)
 
