@@ -15,7 +15,8 @@ Every iteration starts after a barrier (a 4-byte all-reduce through the strategy
 chief), so the task index is the rank. Output, the protocol with the benchmark: one line
 ``STRATEGY_BENCH {json}`` with ``task``, ``rank``, ``n``, ``path`` (the collective path this task
 was configured with: ``auto`` or ``network``) and ``times`` (``{case: [seconds per
-timed iteration]}``), printed when every case is done. With ``--profile FILE`` every task runs
+timed iteration]}``, and ``{"cpu:" + case: [CPU seconds of this process per timed iteration]}``),
+printed when every case is done. With ``--profile FILE`` every task runs
 one more all-reduce of the largest size (without sizes: one ``apply_gradients`` step of the
 first model) under cProfile; rank 0 writes its stats to FILE.
 """
@@ -44,20 +45,25 @@ def barrier(strategy) -> None:
         cluster.ReduceOp.SUM, np.ones(1, np.float32)))
 
 
-def timed(strategy, call, iters: int, warmup: int) -> list[float]:
-    """Seconds of each of ``iters`` calls of ``call`` after ``warmup`` untimed ones."""
+def timed(strategy, call, iters: int, warmup: int, cpu: list[float] | None = None
+          ) -> list[float]:
+    """Seconds of each of ``iters`` calls of ``call`` after ``warmup`` untimed ones; with
+    ``cpu``, each call's CPU seconds (this process, all its threads) are appended to it."""
     times = []
     for i in range(warmup + iters):
         barrier(strategy)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
-        elapsed = time.perf_counter() - start
+        elapsed, used = time.perf_counter() - start, time.process_time() - start_cpu
         if i >= warmup:
             times.append(elapsed)
+            if cpu is not None:
+                cpu.append(used)
     return times
 
 
-def all_reduce_case(strategy, size: int, iters: int, warmup: int) -> list[float]:
+def all_reduce_case(strategy, size: int, iters: int, warmup: int,
+                    cpu: list[float] | None = None) -> list[float]:
     x = np.ones(size // 4, np.float32)
     result = []
 
@@ -65,7 +71,7 @@ def all_reduce_case(strategy, size: int, iters: int, warmup: int) -> list[float]
         result[:] = [strategy.run(lambda: cluster.get_replica_context().all_reduce(
             cluster.ReduceOp.SUM, x))]
 
-    times = timed(strategy, call, iters, warmup)
+    times = timed(strategy, call, iters, warmup, cpu)
     out = np.asarray(strategy.experimental_local_results(result[0])[0])
     if out.shape != x.shape or not np.all(out == strategy.num_replicas_in_sync):
         raise AssertionError(f"all_reduce of {size} bytes of ones gave {out.ravel()[:4]}, "
@@ -73,7 +79,8 @@ def all_reduce_case(strategy, size: int, iters: int, warmup: int) -> list[float]
     return times
 
 
-def apply_gradients_case(strategy, model: str, iters: int, warmup: int) -> list[float]:
+def apply_gradients_case(strategy, model: str, iters: int, warmup: int,
+                         cpu: list[float] | None = None) -> list[float]:
     shapes = MODELS[model]()
     rng = np.random.default_rng(0)  # the same gradients on every task
     grads = [rng.standard_normal(shape, dtype=np.float32) for _, shape in shapes]
@@ -83,7 +90,7 @@ def apply_gradients_case(strategy, model: str, iters: int, warmup: int) -> list[
         optimizer = cluster.optimizers.SGD(LEARNING_RATE)
     pairs = list(zip(grads, variables, strict=True))
     times = timed(strategy, lambda: strategy.run(lambda: optimizer.apply_gradients(pairs)),
-                  iters, warmup)
+                  iters, warmup, cpu)
     steps = iters + warmup
     for g, v in ((grads[0], variables[0]), (grads[-1], variables[-1])):
         want = -steps * LEARNING_RATE * strategy.num_replicas_in_sync * g
@@ -137,10 +144,13 @@ def main() -> None:
     rank = resolver.task_id  # the benchmark starts worker:0 .. worker:N-1, in rank order
     times: dict[str, list[float]] = {}
     for size in sizes:
-        times[f"all_reduce:{size}"] = all_reduce_case(strategy, size, args.iters, args.warmup)
+        case = f"all_reduce:{size}"
+        times[case] = all_reduce_case(strategy, size, args.iters, args.warmup,
+                                      times.setdefault(f"cpu:{case}", []))
     for model in models:
-        times[f"apply_gradients:{model}"] = apply_gradients_case(
-            strategy, model, args.model_iters, args.model_warmup)
+        case = f"apply_gradients:{model}"
+        times[case] = apply_gradients_case(strategy, model, args.model_iters,
+                                           args.model_warmup, times.setdefault(f"cpu:{case}", []))
     if args.profile and (sizes or models):
         profile_one(strategy, rank, args.profile, sizes, models)
     barrier(strategy)  # nobody leaves while a peer still needs it

@@ -20,7 +20,8 @@ Cases, on the same shapes as ours (:mod:`bench._strategy_task`):
   gradients set: the update that DDP's figure leaves out and our ``apply_gradients`` includes.
 
 Run as ``python bench/_strategy_torch.py RANK N PORT CONFIG_JSON``, a rank prints its times as
-one ``TORCH_BENCH {json}`` line. Every iteration's time is each rank's ``perf_counter`` around
+one ``TORCH_BENCH {json}`` line (with ``cpu:all_reduce:SIZE`` and ``cpu:bucket_all_reduce:MODEL``:
+the process's CPU seconds per timed call, gloo's threads included). Every iteration's time is each rank's ``perf_counter`` around
 the call; the harness takes the slowest rank per iteration. One thread per process
 (``torch.set_num_threads(1)``), as ours.
 torch is a benchmark-only dependency (never a runtime one): without it :func:`bench_torch`
@@ -60,21 +61,27 @@ def torch_version() -> str | None:
     return torch.__version__
 
 
-def _timed(dist, call, iters: int, warmup: int, before=None) -> list[float]:
+def _timed(dist, call, iters: int, warmup: int, before=None,
+           cpu: list[float] | None = None) -> list[float]:
+    """As ``bench._strategy_task.timed``: seconds per call, and with ``cpu`` the CPU seconds
+    of this process (gloo's threads included) per call appended to it."""
     times = []
     for i in range(warmup + iters):
         if before is not None:
             before()
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
-        elapsed = time.perf_counter() - start
+        elapsed, used = time.perf_counter() - start, time.process_time() - start_cpu
         if i >= warmup:
             times.append(elapsed)
+            if cpu is not None:
+                cpu.append(used)
     return times
 
 
-def _all_reduce_case(dist, torch, size: int, iters: int, warmup: int) -> list[float]:
+def _all_reduce_case(dist, torch, size: int, iters: int, warmup: int,
+                     cpu: list[float]) -> list[float]:
     x = torch.ones(size // 4, dtype=torch.float32)
     y = [x]
 
@@ -82,7 +89,7 @@ def _all_reduce_case(dist, torch, size: int, iters: int, warmup: int) -> list[fl
         y[0] = x.clone()
 
     times = _timed(dist, lambda: dist.all_reduce(y[0], op=dist.ReduceOp.SUM), iters, warmup,
-                   reset)
+                   reset, cpu)
     if not torch.all(y[0] == dist.get_world_size()):
         raise AssertionError(f"gloo all_reduce of {size} bytes of ones: not the world size")
     return times
@@ -131,7 +138,9 @@ def _model_cases(dist, torch, model: str, iters: int, warmup: int) -> dict[str, 
         for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
             work.wait()
 
-    out[f"bucket_all_reduce:{model}"] = _timed(dist, reduce_buckets, iters, warmup)
+    out[f"bucket_all_reduce:{model}"] = _timed(
+        dist, reduce_buckets, iters, warmup, cpu=out.setdefault(f"cpu:bucket_all_reduce:{model}",
+                                                                []))
     # The update DDP's figure leaves out and ours includes: torch's own SGD step over the same
     # parameters, gradients in place (torch's default, the multi-tensor "foreach" kernel).
     optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
@@ -165,8 +174,9 @@ def _rank(rank: int, n: int, port: int, config: dict) -> dict[str, list[float]]:
                             world_size=n)
     times: dict[str, list[float]] = {}
     for size in config["sizes"]:
-        times[f"all_reduce:{size}"] = _all_reduce_case(dist, torch, size, config["iters"],
-                                                       config["warmup"])
+        times[f"all_reduce:{size}"] = _all_reduce_case(
+            dist, torch, size, config["iters"], config["warmup"],
+            times.setdefault(f"cpu:all_reduce:{size}", []))
     for model in config["models"]:
         times.update(_model_cases(dist, torch, model, config["model_iters"],
                                   config["model_warmup"]))

@@ -35,6 +35,10 @@ update, so it is set beside DDP's all-reduce plus torch's own SGD step on the sa
 ``x buckets`` sets our step beside gloo's all-reduce of DDP's buckets with no backward running:
 DDP's own figure is what its all-reduce adds to a backward it overlaps with, while
 ``apply_gradients`` receives finished gradients and has nothing to overlap with.
+``CPU per call`` adds up the CPU time every rank's process (all its threads) used in the call,
+median over iterations; gloo's, for a model, is that of its buckets alone. ``cores busy`` is that
+over the call's time: at the machine's core count the call is CPU-bound, and the CPU it needs
+is its floor.
 
 torch is a benchmark extra, never a runtime dependency: ``uv pip install torch==2.13.0`` (or a
 local wheel) into the environment; without it (or with ``--no-torch``) the gloo columns say
@@ -113,6 +117,16 @@ def slowest_median(per_rank: list[dict[str, list[float]]], case: str) -> float:
                              for i in range(len(per_rank[0][case])))
 
 
+def cpu_median(per_rank: list[dict[str, list[float]]], case: str) -> float | None:
+    """The median over iterations of the CPU seconds all ranks used in the call (``cpu:CASE``),
+    or ``None`` where it was not recorded."""
+    key = f"cpu:{case}"
+    if any(not r.get(key) for r in per_rank):
+        return None
+    return statistics.median(sum(r[key][i] for r in per_rank)
+                             for i in range(len(per_rank[0][key])))
+
+
 # -- ours ------------------------------------------------------------------------------------
 
 
@@ -162,12 +176,14 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
         row: dict = {"n": n, "path": path, "case": case, "bytes": size, "target": target(
             path, n, case), "ours_s": None, "gloo_s": None, "ddp_backward_s": None,
             "local_backward_s": None, "torch_step_s": None, "buckets_s": None,
-            "gloo": gloo_state}
+            "ours_cpu_s": None, "gloo_cpu_s": None, "gloo": gloo_state}
         if ours is not None:
             row["ours_s"] = slowest_median(ours, case)
+            row["ours_cpu_s"] = cpu_median(ours, case)
         if theirs is not None:
             if case.startswith("all_reduce"):
                 row["gloo_s"] = slowest_median(theirs, case)
+                row["gloo_cpu_s"] = cpu_median(theirs, case)
             else:
                 model = case.partition(":")[2]
                 row["ddp_backward_s"] = slowest_median(theirs, f"ddp_backward:{model}")
@@ -175,6 +191,8 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
                 row["gloo_s"] = max(row["ddp_backward_s"] - row["local_backward_s"], 0.0)
                 row["torch_step_s"] = slowest_median(theirs, f"sgd_step:{model}")
                 row["buckets_s"] = slowest_median(theirs, f"bucket_all_reduce:{model}")
+                # DDP's backward burns CPU of its own: gloo's CPU is that of its buckets alone.
+                row["gloo_cpu_s"] = cpu_median(theirs, f"bucket_all_reduce:{model}")
         for who in ("ours", "gloo"):
             t = row[f"{who}_s"]
             row[f"{who}_busbw"] = busbw(size, n, t) if t else None
@@ -194,7 +212,20 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
 HEAD = ("| N | case | ours median (ms) | gloo/DDP median (ms) | x gloo | target | "
         "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) | "
         "torch SGD step (ms) | x (DDP + step) | gloo on DDP's buckets alone (ms) | "
-        "x buckets |")
+        "x buckets | CPU per call, all ranks, ours / gloo (ms) | cores busy ours / gloo |")
+
+
+def gloo_wall(row: dict) -> float | None:
+    """The wall time gloo's CPU figure belongs to: its all-reduce, or for a model its buckets
+    alone (DDP's figure is a difference of two backward passes)."""
+    return row["gloo_s"] if row["case"].startswith("all_reduce") else row["buckets_s"]
+
+
+def busy(cpu: float | None, wall: float | None) -> str:
+    """CPU seconds over wall seconds: how many cores the call kept busy on average (the
+    machine's core count means CPU-bound: a faster call then needs less CPU, not less
+    waiting)."""
+    return f"{cpu / wall:.2f}" if cpu is not None and wall else "-"
 
 
 def format_row(row: dict) -> str:
@@ -218,7 +249,10 @@ def format_row(row: dict) -> str:
              ms(row["torch_step_s"], ""),
              f"{row['x_with_step']:.2f}x" if row["x_with_step"] is not None else "",
              ms(row["buckets_s"], ""),
-             f"{row['x_buckets']:.2f}x" if row["x_buckets"] is not None else ""]
+             f"{row['x_buckets']:.2f}x" if row["x_buckets"] is not None else "",
+             f"{ms(row['ours_cpu_s'], '-')} / {ms(row['gloo_cpu_s'], '-')}",
+             f"{busy(row['ours_cpu_s'], row['ours_s'])} / "
+             f"{busy(row['gloo_cpu_s'], gloo_wall(row))}"]
     return "| " + " | ".join(cells) + " |"
 
 

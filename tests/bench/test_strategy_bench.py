@@ -85,6 +85,14 @@ def test_tiny_run_fills_both_tables(tmp_path, capsys, marker, monkeypatch):
             assert float(cells[3]) >= 0 and cells[4].strip().endswith("x")
         else:
             assert cells[3].strip() == "skipped"
+    for cells in rows:  # CPU all ranks used per call, and the cores it kept busy
+        ours_cpu, gloo_cpu = (c.strip() for c in cells[14].split("/"))
+        ours_busy, gloo_busy = (c.strip() for c in cells[15].split("/"))
+        assert float(ours_cpu) > 0 and float(ours_busy) > 0
+        if has_torch:
+            assert float(gloo_cpu) > 0 and float(gloo_busy) > 0
+        else:
+            assert gloo_cpu == gloo_busy == "-"
     model_row = rows[1]
     assert model_row[5].strip().startswith(">= 2.0x")  # the target is shown
     if has_torch:
@@ -95,6 +103,14 @@ def test_tiny_run_fills_both_tables(tmp_path, capsys, marker, monkeypatch):
         ("network", "all_reduce:4096"), ("network", "apply_gradients:resnet50")]
     assert saved["rows"][1]["bytes"] == 4 * 25_557_032
     assert "cores" in saved["environment"]
+
+
+def test_cpu_is_summed_over_ranks_per_iteration_then_the_median_taken():
+    bench = _load_bench()
+    per_rank = [{"cpu:x": [1.0, 5.0, 2.0]}, {"cpu:x": [3.0, 0.0, 9.0]}]
+    assert bench.cpu_median(per_rank, "x") == 5.0  # sums 4, 5, 11
+    assert bench.cpu_median([{"cpu:x": [1.0]}, {}], "x") is None  # a rank did not record it
+    assert bench.busy(0.3, 0.15) == "2.00" and bench.busy(None, 0.1) == "-"
 
 
 def test_a_failing_task_is_reported_with_its_output(monkeypatch, marker):
