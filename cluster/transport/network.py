@@ -412,14 +412,17 @@ class NetworkTransport(Transport):
         try:
             return self._mailbox.get(src, key, deadline)
         finally:
-            plane = self._routes.get(src)
-            if plane is not None:
-                plane.unpost(src, key)
+            if self._tcp is not None:
+                self._tcp.unpost(src, key)
 
     def post_recv(self, src: int, key: MessageKey, into: memoryview) -> None:
-        plane = self._routes.get(src)
-        if plane is not None:
-            plane.post(src, key, into)
+        # The offer goes to the TCP plane whatever this rank's own route to ``src`` is: a
+        # peer's frames come over the plane *it* sends on, and in lazy mode this rank has no
+        # route at all to a peer it only receives from (a ring's left neighbour at N >= 3).
+        # Offering through our route dropped every such offer, and each gathered chunk was
+        # then copied out of a fresh buffer. The gRPC plane takes no offers.
+        if self._tcp is not None:
+            self._tcp.post(src, key, into)
 
     # -- failure ----------------------------------------------------------------------------
 

@@ -186,3 +186,22 @@ def test_tcp_lands_a_posted_payload_in_place() -> None:
         assert np.array_equal(np.frombuffer(into, np.float32), x)
     finally:
         group.close()
+
+
+def test_tcp_lands_a_posted_payload_from_a_peer_this_rank_never_sends_to() -> None:
+    # Lazy routes (the task runtime): a ring's rank opens a route only to its right neighbour,
+    # yet what its left neighbour sends must land in the buffer offered for it.
+    from .conftest import NetworkGroup
+
+    group = NetworkGroup(3, data_plane="tcp", lazy=True)
+    try:
+        a, b, _ = group.transports
+        x = np.arange(100_000, dtype=np.float32)
+        into = memoryview(np.zeros(x.nbytes, np.uint8))
+        b.post_recv(0, key(22), into)
+        a.send(1, key(22), x, deadline=Deadline.after(10))
+        assert 0 not in b.data_planes  # b has no route to a
+        assert b.recv(0, key(22), deadline=Deadline.after(10)).payload is into
+        assert np.array_equal(np.frombuffer(into, np.float32), x)
+    finally:
+        group.close()
