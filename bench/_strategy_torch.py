@@ -20,9 +20,10 @@ Cases, on the same shapes as ours (:mod:`bench._strategy_task`):
   gradients set: the update that DDP's figure leaves out and our ``apply_gradients`` includes.
 
 Run as ``python bench/_strategy_torch.py RANK N PORT CONFIG_JSON``, a rank prints its times as
-one ``TORCH_BENCH {json}`` line (with ``cpu:all_reduce:SIZE`` and ``cpu:bucket_all_reduce:MODEL``:
-the process's CPU seconds per timed call, gloo's threads included). Every iteration's time is each rank's ``perf_counter`` around
-the call; the harness takes the slowest rank per iteration. One thread per process
+one ``TORCH_BENCH {json}`` line (with ``cpu:all_reduce:SIZE`` and
+``cpu:bucket_all_reduce:MODEL``: the process's CPU seconds per timed call, gloo's threads
+included). Every iteration's time is each rank's ``perf_counter`` around the call; the harness
+takes the slowest rank per iteration. One thread per process
 (``torch.set_num_threads(1)``), as ours.
 torch is a benchmark-only dependency (never a runtime one): without it :func:`bench_torch`
 returns ``None``.
