@@ -243,3 +243,31 @@ def test_strategy_rows_become_one_row_per_case_with_both_paths():
     assert cells["cores busy gloo"] == 1.5
     assert [dataclasses.astuple(f) for f in bench.result_figures(rows)] == [
         ("shm all_reduce 64 MiB N=2", 2.5, "x"), ("network all_reduce 64 MiB N=2", 1.25, "x")]
+
+
+def test_torch_ddp_rows_become_a_table_with_x_ddp():
+    bench = _load("bench_torch_ddp", REPO / "bench" / "torch_ddp.py")
+    common = {"n": 2, "model": "1M", "step_ms": 10.0, "compute_ms": 8.0, "comm_ms": 2.0,
+              "cpu_step_ms": 9.0, "cpu_compute_ms": 7.0}
+    rows = [{**common, "system": "ours shm", "steps_per_s": 75.0},
+            {**common, "system": "DDP gloo", "steps_per_s": 60.0}]
+    table = bench.result_table(rows)
+    x = table.column("x DDP")
+    assert [row[x] for row in table.rows] == [1.25, 1.0]
+    assert bench.result_figures(rows) == [Figure("ours shm 1M N=2", 1.25, "x")]
+
+
+def test_scale_rows_keep_numbers_as_numbers_and_spreads_as_printed():
+    bench = _load("bench_scale", REPO / "bench" / "scale.py")
+    row = {"N": "8", "spawn s": "0.05", "interp s": "4.3", "joined s": "4.6",
+           "1st coll s": "4.7", "beyond s": "0.4", "4 KiB ms": "1.30",
+           "threads task": "12 (14)", "threads coord": "16", "fds task": "15",
+           "fds coord": "22", "RSS MiB task": "66", "RSS MiB coord": "68",
+           "detect s": "0.07 / 0.09", "exit s": "1.00", "load before": "3.1"}
+    table = bench.result_table([row, {**row, "N": "16", "interp s": "-", "beyond s": "-"}])
+    cells = dict(zip((c.name for c in table.columns), table.rows[0], strict=True))
+    assert cells["N"] == 8 and cells["threads task"] == "12 (14)" and cells["4 KiB"] == 1.3
+    assert cells["detect median / max"] == "0.07 / 0.09"
+    assert table.rows[1][table.column("interp")] is None
+    assert bench.result_figures([row]) == [Figure("beyond at N=8", 0.4, "s"),
+                                           Figure("RSS task at N=8", 66, "MiB")]
