@@ -47,13 +47,15 @@ measured at, and the figures. A file says in its `source` whether a bench wrote 
   rank's; a table shows the median over the timed iterations (pooled over `--rounds` where a
   bench interleaves rounds).
 - **`x gloo` is gloo's time over ours**: above 1 we are faster. `x DDP`, `x echo` and `x
-  buckets` read the same way against what they name.
+  buckets` read the same way against what they name; other ratios (`save / dd`, `TLS cost`)
+  say on their page what they divide.
 - **Bus bandwidth** (busbw, nccl-tests' convention) is busbw = algbw * 2(N-1)/N, with algbw =
   bytes / time: the bandwidth each rank's links carry in a ring, comparable across N.
 - **A 2-core VM is noisy.** Most figures come from a 2-core VM shared with other work, whose
   speed drifts by up to 30% within minutes and whose small sizes are often bimodal. Read the
   ratios measured in one run (both sides saw the same machine), make bandwidth claims at 16-64
-  MiB, and read absolute times as that machine's. The 16-core rows come from a quiet machine.
+  MiB, and read absolute times as that machine's. The 16-core pages come from a lent machine
+  with 16 cores and nothing else running on it.
 
 ## How to regenerate
 
@@ -67,9 +69,10 @@ uv run python bench/allreduce.py --nprocs 2,4 --sizes 4K,64K,1M,16M,64M --iters 
 uv run python tools/bench_pages.py
 ```
 
-`bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py` and `bench/scale.py` take
-`--json PATH`; the schema is `bench/record.py`. `tests/bench/test_bench_pages.py` checks every
-result file against the schema and that the committed pages are those the result files give.
+`bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py`, `bench/ps.py` and
+`bench/scale.py` take `--json PATH`; the schema is `bench/record.py`.
+`tests/bench/test_bench_pages.py` checks every result file against the schema and that the
+committed pages are those the result files give.
 """
 
 

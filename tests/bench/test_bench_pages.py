@@ -271,3 +271,20 @@ def test_scale_rows_keep_numbers_as_numbers_and_spreads_as_printed():
     assert table.rows[1][table.column("interp")] is None
     assert bench.result_figures([row]) == [Figure("beyond at N=8", 0.4, "s"),
                                            Figure("RSS task at N=8", 66, "MiB")]
+
+
+def test_ps_rows_become_tables_with_x_echo():
+    bench = _load("bench_ps", REPO / "bench" / "ps.py")
+    size = 16 << 20
+    transfer = [{"server": "ps x1", "bytes": size, "pull_s": 0.02, "push_s": 0.025,
+                 "pull_mbps": 838.9, "push_mbps": 671.1},
+                {"server": "gRPC echo", "bytes": size, "pull_s": 0.018, "push_s": 0.02,
+                 "pull_mbps": 932.1, "push_mbps": 838.9}]
+    table = bench.transfer_table(transfer)
+    assert table.rows[0] == ("ps x1", "16 MiB", 20.0, 839, 25.0, 671, 0.9, 0.8)
+    assert table.rows[1][-2:] == (1.0, 1.0)
+    assert bench.transfer_figures(transfer) == [Figure("ps x1 pull 16 MiB", 0.9, "x"),
+                                                Figure("ps x1 push 16 MiB", 0.8, "x")]
+    train = bench.train_table([{"workers": 2, "mode": "sync", "steps_per_s": 50.0,
+                                "updates_per_s": 25.0, "mbps": 104.9}])
+    assert train.rows == ((2, "sync", 50.0, 20.0, 25.0, 105),)
