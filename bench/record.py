@@ -32,6 +32,7 @@ import platform
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,8 +231,8 @@ def _commit_here() -> tuple[str, bool]:
 
 
 def write_result(path: Path, *, name: str, title: str, summary: str, script: str,
-                 argv: list[str], tables: list[Table], figures: list[Figure] = (),
-                 plots: list[Plot] = ()) -> Result:
+                 argv: Sequence[str], tables: Sequence[Table], figures: Sequence[Figure] = (),
+                 plots: Sequence[Plot] = ()) -> Result:
     """Write the result of a run of ``bench/SCRIPT ARGV`` measured here, now, to ``path``.
 
     The machine, today's date (UTC) and HEAD's commit are collected here; ``source`` says
@@ -260,7 +261,9 @@ def load_result(path: Path) -> Result:
     try:
         data = json.loads(Path(path).read_text())
         return _result_from(data)
-    except (ResultError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except KeyError as e:
+        raise ResultError(f"{path}: missing key {e}") from e
+    except (ResultError, TypeError, json.JSONDecodeError) as e:
         raise ResultError(f"{path}: {e}") from e
 
 

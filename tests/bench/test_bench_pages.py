@@ -147,6 +147,11 @@ def test_a_broken_file_is_named_with_its_path(tmp_path):
     with pytest.raises(ResultError, match=r"demo.json: table 'T' row 0: 2 cells for 4"):
         load_result(tmp_path / "demo.json")
     data = json.loads(result_json(_result()))
+    del data["machine"]
+    (tmp_path / "demo.json").write_text(json.dumps(data))
+    with pytest.raises(ResultError, match=r"demo.json: missing key 'machine'"):
+        load_result(tmp_path / "demo.json")
+    data = json.loads(result_json(_result()))
     data["colour"] = "blue"
     (tmp_path / "demo.json").write_text(json.dumps(data))
     with pytest.raises(ResultError, match=r"unknown keys \['colour'\]"):
