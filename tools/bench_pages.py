@@ -69,8 +69,9 @@ uv run python bench/allreduce.py --nprocs 2,4 --sizes 4K,64K,1M,16M,64M --iters 
 uv run python tools/bench_pages.py
 ```
 
-`bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py`, `bench/ps.py` and
-`bench/scale.py` take `--json PATH`; the schema is `bench/record.py`.
+`bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py`, `bench/ps.py`,
+`bench/tcp_tls.py`, `bench/checkpoint.py` and `bench/scale.py` take `--json PATH`; the schema
+is `bench/record.py`.
 `tests/bench/test_bench_pages.py` checks every result file against the schema and that the
 committed pages are those the result files give.
 """

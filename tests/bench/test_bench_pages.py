@@ -293,3 +293,28 @@ def test_ps_rows_become_tables_with_x_echo():
     train = bench.train_table([{"workers": 2, "mode": "sync", "steps_per_s": 50.0,
                                 "updates_per_s": 25.0, "mbps": 104.9}])
     assert train.rows == ((2, "sync", 50.0, 20.0, 25.0, 105),)
+
+
+def test_tcp_tls_runs_become_the_best_round_trips():
+    bench = _load("bench_tcp_tls", REPO / "bench" / "tcp_tls.py")
+    big = 64 << 20
+    runs = {"plain": [{4096: 2e-4, big: 0.2}, {4096: 1e-4, big: 0.1}],
+            "tls": [{4096: 3e-4, big: 0.4}, {4096: 4e-4, big: 0.5}]}
+    table = bench.result_table([4096, big], runs)
+    assert table.rows[0] == ("4 KiB", 0.1, 0.3, None, None, 3.0)
+    assert table.rows[1] == ("64 MiB", 100.0, 400.0, 1.34, 0.34, 4.0)
+
+
+def test_checkpoint_rows_keep_dd_ratios_and_what_a_restore_read():
+    bench = _load("bench_checkpoint", REPO / "bench" / "checkpoint.py")
+    size = 64 << 20
+    results = {"cluster.checkpoint": (0.2, 0.1, (1, size), True),
+               "zarr": None, "dd": (0.1, 0.05, (1, size), False)}
+    table = bench.result_table([(size, results)], ["cluster.checkpoint", "zarr", "dd"])
+    assert table.rows[0] == ("64 MiB", "cluster.checkpoint", 0.2, 0.34, 2.0, 0.1, 0.67, 2.0,
+                             "disk", 1, 64.0)
+    assert table.rows[1][2:] == (None,) * 9  # not installed
+    assert table.rows[2][8] == "page cache"
+    assert bench.result_figures(table) == [
+        Figure("cluster.checkpoint save 64 MiB / dd", 2.0, "x"),
+        Figure("cluster.checkpoint restore 64 MiB / dd", 2.0, "x")]
