@@ -17,10 +17,10 @@ given ``--json PATH``; :func:`load_result` reads and validates one. The schema::
      "plots": [{"title": "...", "table": 0, "kind": "bar", "x": ["N", "case"],
                 "y": ["shm", "gloo"], "ylabel": "ms", "group": null, "log_y": false}]}
 
-A cell is a number, a string or ``null`` (not measured). ``figures`` are the few numbers the
-index page's summary shows. A column of unit ``x`` holds a ratio its name states: ``x gloo`` is
-gloo's time over ours (above 1 we are faster). ``source`` is ``measured`` for a file a bench
-wrote, or says where figures were transcribed from.
+A cell is a number, a string or ``null`` (not measured, or not applicable to the row).
+``figures`` are the few numbers the index page's summary shows. A column of unit ``x`` holds a
+ratio its name states: ``x gloo`` is gloo's time over ours (above 1 we are faster). ``source``
+is ``measured`` for a file a bench wrote, or says where figures were transcribed from.
 """
 
 from __future__ import annotations
