@@ -36,7 +36,6 @@ into the environment (``uv pip install torch==2.13.0``); without it only our col
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 from bench._timing import time_all_reduce  # noqa: E402
+from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
 from cluster.testing import run_group  # noqa: E402
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run over this many emulated hosts (network namespaces; root)")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--no-model", action="store_true", help="skip the model table")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     ns = [int(x) for x in args.nprocs.split(",")]
@@ -326,8 +327,56 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(line, flush=True)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        columns = [names[v] for v in variants]
+        write_result(args.json, name=args.json.stem, title="Collective layer all-reduce",
+                     summary=SUMMARY, script="allreduce.py",
+                     argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[result_table(rows, columns)],
+                     figures=result_figures(rows, columns), plots=result_plots(columns))
     return 0
+
+
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("All-reduce (float32 SUM) of the collective layer among N fresh processes on "
+           "loopback, beside torch.distributed gloo in the same run. Slowest rank per "
+           "iteration, median over the timed iterations; busbw = algbw * 2(N-1)/N.")
+
+
+def result_table(rows: list[dict], columns: list[str]) -> Table:
+    """One row per (N, size): gloo, then each of our columns' ms, busbw and x gloo."""
+    def num(v: float | None, scale: float = 1.0) -> float | None:
+        return round(v * scale, 2) if v is not None else None
+
+    head = [Column("N"), Column("size"), Column("gloo", "ms", 2),
+            Column("gloo busbw", "GB/s", 2)]
+    for name in columns:
+        head += [Column(name, "ms", 2), Column(f"{name} busbw", "GB/s", 2),
+                 Column(f"{name} x gloo", "x", 2)]
+    cells = []
+    for row in rows:
+        line = [row["n"], fmt_size(row["bytes"]), num(row["gloo_s"], 1e3),
+                num(row["gloo_busbw"])]
+        for name in columns:
+            line += [num(row.get(f"{name}_s"), 1e3), num(row.get(f"{name}_busbw")),
+                     num(row.get(f"{name}_ratio"))]
+        cells.append(tuple(line))
+    return Table(title="Medians per all-reduce", columns=tuple(head), rows=tuple(cells))
+
+
+def result_figures(rows: list[dict], columns: list[str]) -> list[Figure]:
+    """``x gloo`` of each of our columns at the largest size, per N."""
+    largest = max(row["bytes"] for row in rows)
+    return [Figure(f"{name} {fmt_size(largest)} N={row['n']}", round(row[f"{name}_ratio"], 2),
+                   "x")
+            for row in rows if row["bytes"] == largest for name in columns
+            if row.get(f"{name}_ratio") is not None]
+
+
+def result_plots(columns: list[str]) -> list[Plot]:
+    return [Plot(title="Bus bandwidth against size", table=0, kind="line", x=("size",),
+                 y=tuple(f"{name} busbw" for name in ["gloo", *columns]), ylabel="busbw GB/s",
+                 group="N")]
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 import safetensors.numpy  # noqa: E402
 
 import cluster  # noqa: E402
+from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
 from cluster.checkpoint import Checkpoint  # noqa: E402
 
 __all__ = ["main", "make_model", "width_for"]
@@ -386,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-cache", action="store_true",
                         help="do not drop the page cache before restores (they then read memory)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated rows")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     wanted = [f.strip() for f in args.formats.split(",") if f.strip()]
     unknown = sorted(set(wanted) - set(FORMATS))
@@ -418,7 +421,55 @@ def main(argv: list[str] | None = None) -> int:
     if not all_cold:
         print("\n(cached): the page cache was not dropped (--keep-cache, or not root): those "
               "restores read memory, not the disk.")
+    if args.json:
+        table = result_table(tables, wanted)
+        write_result(args.json, name=args.json.stem, title="Checkpoint save and restore",
+                     summary=("Save and restore through the public API beside other formats, "
+                              "one raw write and dd of the same bytes to the same disk, in one "
+                              "run; medians of --runs. `/ dd` is the row's seconds over dd's "
+                              "(below 1: faster than dd)."),
+                     script="checkpoint.py", argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[table], figures=result_figures(table),
+                     plots=[Plot(title="Save and restore rate", table=0, kind="bar",
+                                 x=("model", "format"), y=("save rate", "restore rate"),
+                                 ylabel="GB/s")])
     return 0
+
+
+def result_table(tables: list[tuple[int, dict]], wanted: list[str]) -> Table:
+    """One row per (model size, format): seconds, GB/s and the ratio to dd of save and restore,
+    and whether the restore read the disk (page cache dropped) or memory."""
+    rows = []
+    for nbytes, results in tables:
+        dd = results.get("dd")
+        label = (f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20
+                 else f"{nbytes / (1 << 10):.0f} KiB")
+        for name in wanted:
+            row = results[name]
+            if row is None:  # not installed
+                rows.append((label, name, None, None, None, None, None, None, None, None, None))
+                continue
+            save, load, (files, size), cold = row
+            rows.append((label, name, round(save, 3), round(nbytes / save / 1e9, 2),
+                         round(save / dd[0], 2) if dd else None, round(load, 3),
+                         round(nbytes / load / 1e9, 2), round(load / dd[1], 2) if dd else None,
+                         "disk" if cold else "page cache", files, round(size / (1 << 20), 1)))
+    return Table(title="Medians of the runs", rows=tuple(rows), columns=(
+        Column("model"), Column("format"), Column("save", "s", 3),
+        Column("save rate", "GB/s", 2), Column("save / dd", "x", 2), Column("restore", "s", 3),
+        Column("restore rate", "GB/s", 2), Column("restore / dd", "x", 2),
+        Column("restore read"), Column("files", "count"), Column("on disk", "MiB", 1)))
+
+
+def result_figures(table: Table) -> list[Figure]:
+    """``cluster.checkpoint``'s save and restore over dd's at the last model size."""
+    ours = [row for row in table.rows if row[1] == "cluster.checkpoint"]
+    if not ours:
+        return []
+    row = ours[-1]
+    return [Figure(f"cluster.checkpoint {what} {row[0]} / dd", row[table.column(f"{what} / dd")],
+                   "x") for what in ("save", "restore")
+            if row[table.column(f"{what} / dd")] is not None]
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench.allreduce import fmt_size, parse_size  # noqa: E402
+from bench.record import Column, Figure, Table, write_result  # noqa: E402
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
 
 CHIEF = REPO / "bench" / "_ps_chief.py"
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="training: seconds one chief may run")
     parser.add_argument("--skip-transfer", action="store_true")
     parser.add_argument("--skip-train", action="store_true")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     for mode in _csv(args.modes):
         if mode not in ("async", "sync"):
@@ -464,9 +466,61 @@ def main(argv: list[str] | None = None) -> int:
                                       "variable_bytes": r["bytes"], "seconds": r["seconds"]})
                 print(f"| {workers} | {mode} | {rate:.1f} | {1e3 / rate:.1f} | "
                       f"{updates:.1f} | {moved:.0f} |", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    if args.json and (rows["transfer"] or rows["train"]):
+        tables = ([transfer_table(rows["transfer"])] if rows["transfer"] else []) + (
+            [train_table(rows["train"])] if rows["train"] else [])
+        write_result(args.json, name=args.json.stem, title="Parameter-server pull and push",
+                     summary=SUMMARY, script="ps.py",
+                     argv=list(sys.argv[1:] if argv is None else argv), tables=tables,
+                     figures=transfer_figures(rows["transfer"]))
     return 0
+
+
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("Pull and push of one float32 variable split over python -m ps tasks, the benchmark "
+           "process as the client (push includes the ps applying SGD), beside bare gRPC unary "
+           "calls of the same bytes (the echo); then ClusterCoordinator training steps/s. "
+           "x echo is the echo's time over ours.")
+
+
+def transfer_table(rows: list[dict]) -> Table:
+    """One row per (server, size), with ``x echo`` where the echo ran at that size."""
+    echo = {r["bytes"]: r for r in rows if r["server"] == "gRPC echo"}
+
+    def ratio(r: dict, key: str) -> float | None:
+        mine = echo.get(r["bytes"])
+        return round(mine[key] / r[key], 2) if mine and r[key] else None
+
+    columns = (Column("server"), Column("size"), Column("pull", "ms", 2),
+               Column("pull rate", "MB/s", 0), Column("push", "ms", 2),
+               Column("push rate", "MB/s", 0), Column("pull x echo", "x", 2),
+               Column("push x echo", "x", 2))
+    return Table(title="Pull and push", columns=columns, rows=tuple(
+        (r["server"], fmt_size(r["bytes"]), round(r["pull_s"] * 1e3, 2),
+         round(r["pull_mbps"]), round(r["push_s"] * 1e3, 2), round(r["push_mbps"]),
+         ratio(r, "pull_s"), ratio(r, "push_s")) for r in rows))
+
+
+def transfer_figures(rows: list[dict]) -> list[Figure]:
+    """``x echo`` of pull and push at the largest size, per ps server."""
+    if not rows:
+        return []
+    table = transfer_table(rows)
+    largest = fmt_size(max(r["bytes"] for r in rows))
+    return [Figure(f"{row[0]} {what} {largest}", row[table.column(f"{what} x echo")], "x")
+            for row in table.rows if row[1] == largest and row[0] != "gRPC echo"
+            for what in ("pull", "push") if row[table.column(f"{what} x echo")] is not None]
+
+
+def train_table(rows: list[dict]) -> Table:
+    columns = (Column("workers"), Column("mode"), Column("steps/s", "steps/s", 1),
+               Column("step", "ms", 1), Column("updates/s", "", 1),
+               Column("moved (pull + push)", "MB/s", 0))
+    return Table(title="Training with a ClusterCoordinator", columns=columns, rows=tuple(
+        (r["workers"], r["mode"], round(r["steps_per_s"], 1),
+         round(1e3 / r["steps_per_s"], 1), round(r["updates_per_s"], 1), round(r["mbps"]))
+        for r in rows))
 
 
 if __name__ == "__main__":

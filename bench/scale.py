@@ -48,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
 from cluster.ctl.ports import ensure_fd_limit, pick_free_ports  # noqa: E402
 
 TASK = Path(__file__).resolve().parent / "_scale_task.py"
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip timing bare interpreters (the interp s column)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds each cluster may take to start and measure")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.nprocs.split(",")]
     ensure_fd_limit(4 * max(counts), f"benchmarking {max(counts)} tasks")
@@ -290,8 +292,58 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print("| " + " | ".join(row.get(c, "-") for c in columns) + " |")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        write_result(args.json, name=args.json.stem, title="Scale", summary=SUMMARY,
+                     script="scale.py", argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[result_table(rows)], figures=result_figures(rows),
+                     plots=[Plot(title="Start-up against N", table=0, kind="line", x=("N",),
+                                 y=("interp", "joined", "1st coll"), ylabel="s")])
     return 0
+
+
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("Start-up, a 4 KiB all-reduce, failure detection after a SIGKILL, and each task's "
+           "threads, open files and memory against the number of python -m worker tasks; each "
+           "N a fresh cluster started 16 tasks at a time.")
+# The printed columns carry their unit in the name; the result file names the unit apart.
+RESULT_COLUMNS = (("N", "N", ""), ("spawn s", "spawn", "s"), ("interp s", "interp", "s"),
+                  ("joined s", "joined", "s"), ("1st coll s", "1st coll", "s"),
+                  ("beyond s", "beyond", "s"), ("4 KiB ms", "4 KiB", "ms"),
+                  ("threads task", "threads task", ""), ("threads coord", "threads coord", ""),
+                  ("fds task", "fds task", ""), ("fds coord", "fds coord", ""),
+                  ("RSS MiB task", "RSS task", "MiB"), ("RSS MiB coord", "RSS coord", "MiB"),
+                  ("detect s", "detect median / max", "s"), ("exit s", "exit", "s"),
+                  ("load before", "load before", ""))
+
+
+def _number_or_text(text: str) -> int | float | str | None:
+    """A printed cell as a number where it is one ("12" -> 12, "0.07" -> 0.07), else as
+    printed ("12 (14)": the median and the top; "-": not measured -> None)."""
+    if text == "-":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def result_table(rows: list[dict[str, str]]) -> Table:
+    return Table(title="One run per N",
+                 columns=tuple(Column(name, unit) for _, name, unit in RESULT_COLUMNS),
+                 rows=tuple(tuple(_number_or_text(row.get(key, "-"))
+                                  for key, _, _ in RESULT_COLUMNS) for row in rows))
+
+
+def result_figures(rows: list[dict[str, str]]) -> list[Figure]:
+    """The largest N's start-up beyond bare interpreters and its task's memory."""
+    table = result_table(rows)
+    last = table.rows[-1]
+    n = last[table.column("N")]
+    return [Figure(f"{name} at N={n}", last[table.column(name)], unit)
+            for name, unit in (("beyond", "s"), ("RSS task", "MiB"))
+            if isinstance(last[table.column(name)], int | float)]
 
 
 if __name__ == "__main__":

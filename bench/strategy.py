@@ -4,7 +4,7 @@ torch.distributed gloo and DDP, one run.
     uv run python bench/strategy.py                        # N = 2, 4; both paths; all cases
     uv run python bench/strategy.py --nprocs 2 --sizes 64M --models "" --paths shm
     uv run python bench/strategy.py --profile              # + cProfile of one ctx.all_reduce
-    uv run python bench/strategy.py --json out.json        # + the rows for machines
+    uv run python bench/strategy.py --json bench/results/strategy.json   # + a result file
     uv run python bench/strategy.py --rounds 3             # interleaved rounds, pooled medians
 
 Ours: for each N and path, N fresh ``python -m worker bench/_strategy_task.py`` tasks
@@ -48,7 +48,6 @@ local wheel) into the environment; without it (or with ``--no-torch``) the gloo 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import pstats
@@ -64,6 +63,7 @@ from bench._model_shapes import MODELS, parameter_count  # noqa: E402
 from bench._results import task_result  # noqa: E402
 from bench._strategy_torch import bench_torch, torch_version  # noqa: E402
 from bench.allreduce import busbw, fmt_size, parse_size  # noqa: E402
+from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
 from cluster.testing import (  # noqa: E402
     TaskProcesses,
     loopback_cluster,
@@ -256,6 +256,67 @@ def format_row(row: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("ctx.all_reduce inside strategy.run and optimizer.apply_gradients (SGD) in python -m "
+           "worker tasks under MultiWorkerMirroredStrategy, on shared memory (shm) and the "
+           "network path, beside torch.distributed gloo (all_reduce) and DDP-gloo (the time its "
+           "bucketed all-reduce adds to a backward pass) in the same run. Slowest rank per "
+           "iteration, medians pooled over the rounds.")
+RESULT_COLUMNS = tuple(Column(name, unit, 2 if unit or name.startswith("cores") else None)
+                       for name, unit in (
+    ("N", ""), ("case", ""), ("shm", "ms"), ("network", "ms"), ("gloo/DDP", "ms"),
+    ("shm x gloo", "x"), ("network x gloo", "x"), ("shm x (DDP + step)", "x"),
+    ("network x (DDP + step)", "x"), ("gloo on DDP's buckets alone", "ms"),
+    ("shm x buckets", "x"), ("network x buckets", "x"), ("CPU per call shm", "ms"),
+    ("CPU per call network", "ms"), ("CPU per call gloo", "ms"), ("cores busy shm", ""),
+    ("cores busy network", ""), ("cores busy gloo", "")))
+PLOTS = [Plot(title="Time per call, ours on each path beside gloo/DDP", table=0, kind="bar",
+              x=("N", "case"), y=("shm", "network", "gloo/DDP"), ylabel="ms")]
+
+
+def result_table(rows: list[dict]) -> Table:
+    """One row per (N, case), both paths side by side (the result file's table)."""
+    def ms(t: float | None) -> float | None:
+        return round(t * 1e3, 2) if t is not None else None
+
+    def x(v: float | None) -> float | None:
+        return round(v, 2) if v is not None else None
+
+    def cores(cpu: float | None, wall: float | None) -> float | None:
+        return round(cpu / wall, 2) if cpu is not None and wall else None
+
+    by_key: dict[tuple[int, str], dict[str, dict]] = {}
+    for row in rows:
+        by_key.setdefault((row["n"], row["case"]), {})[row["path"]] = row
+    cells = []
+    for (n, case), paths in by_key.items():
+        shm, net = paths.get("shm", {}), paths.get("network", {})
+        any_row = shm or net
+        cells.append((
+            n, case_name(case), ms(shm.get("ours_s")), ms(net.get("ours_s")),
+            ms(any_row["gloo_s"]), x(shm.get("x_gloo")), x(net.get("x_gloo")),
+            x(shm.get("x_with_step")), x(net.get("x_with_step")), ms(any_row["buckets_s"]),
+            x(shm.get("x_buckets")), x(net.get("x_buckets")), ms(shm.get("ours_cpu_s")),
+            ms(net.get("ours_cpu_s")), ms(any_row["gloo_cpu_s"]),
+            cores(shm.get("ours_cpu_s"), shm.get("ours_s")),
+            cores(net.get("ours_cpu_s"), net.get("ours_s")),
+            cores(any_row["gloo_cpu_s"], gloo_wall(any_row))))
+    return Table(title="Medians per call", columns=RESULT_COLUMNS, rows=tuple(cells),
+                 notes=environment_line())
+
+
+def result_figures(rows: list[dict]) -> list[Figure]:
+    """The index's headline numbers: ``x gloo`` of the largest all-reduce and of every model
+    step, per N and path."""
+    largest = max((case_bytes(r["case"]) for r in rows if r["case"].startswith("all_reduce")),
+                  default=None)
+    return [Figure(f"{row['path']} {case_name(row['case'])} N={row['n']}",
+                   round(row["x_gloo"], 2), "x")
+            for row in rows if row["x_gloo"] is not None
+            and (row["case"].startswith("apply_gradients") or row["bytes"] == largest)]
+
+
 def print_profile(stats_file: Path, top: int = 15) -> None:
     """Rank 0's profile of one call: by cumulative time (the call chain), then by own time
     (where the cycles go)."""
@@ -283,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="print cProfile of one all-reduce of the largest size, or "
                              "without sizes one apply_gradients step (first N, first path)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per launch")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     ns = [int(x) for x in args.nprocs.split(",") if x]
     if not ns or min(ns) < 2:
@@ -346,8 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None and profile.exists():
             print_profile(profile)
     if args.json:
-        args.json.write_text(json.dumps({"environment": environment_line(), "rows": rows},
-                                        indent=2))
+        write_result(args.json, name=args.json.stem, title="Through the public API",
+                     summary=SUMMARY, script="strategy.py",
+                     argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[result_table(rows)], figures=result_figures(rows), plots=PLOTS)
     failed = [r for r in rows if r["ours_s"] is None]
     return 1 if failed else 0
 

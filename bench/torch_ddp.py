@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples" / "torch"))
 
 from bench._results import task_result  # noqa: E402
+from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
 from cluster.testing import TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path,
                         help="another build's cluster/torch/_gradients.py: adds 'base shm' / "
                              "'base network' rows, interleaved with ours")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
     systems = [f"ours {p}" for p in paths]
@@ -309,8 +311,47 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(phase_lines))
     print(f"load at the end {_load()}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_result(args.json, name=args.json.stem, title="PyTorch training steps against DDP",
+                     summary=SUMMARY, script="torch_ddp.py",
+                     argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[result_table(rows)], figures=result_figures(rows),
+                     plots=[Plot(title="Steps/s over DDP's", table=0, kind="bar",
+                                 x=("N", "model", "system"), y=("x DDP",),
+                                 ylabel="x DDP (above 1: ours faster)")])
     return 0
+
+
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("Steps/s of the PyTorch example's CNN, cluster.torch on each path beside DDP (gloo, "
+           "25 MB buckets), one thread per process. Medians of rounds x repeats; CPU per step "
+           "is the whole process's CPU time per step (all threads, busiest rank), CPU per "
+           "compute the same for the step without communication.")
+
+
+def result_table(rows: list[dict]) -> Table:
+    """One row per (N, model, system); ``x DDP`` is its steps/s over DDP's of the same N and
+    model."""
+    ddp = {(r["n"], r["model"]): r["steps_per_s"] for r in rows if r["system"] == "DDP gloo"}
+    columns = (Column("N"), Column("model"), Column("system"), Column("steps/s", "steps/s", 2),
+               Column("step", "ms", 1), Column("compute", "ms", 1), Column("comm", "ms", 1),
+               Column("x DDP", "x", 2), Column("CPU per step", "ms", 1),
+               Column("CPU per compute", "ms", 1))
+    cells = tuple(
+        (r["n"], r["model"], r["system"], round(r["steps_per_s"], 2), round(r["step_ms"], 1),
+         round(r["compute_ms"], 1), round(r["comm_ms"], 1),
+         round(r["steps_per_s"] / ddp[(r["n"], r["model"])], 2)
+         if (r["n"], r["model"]) in ddp else None,
+         round(r["cpu_step_ms"], 1), round(r["cpu_compute_ms"], 1)) for r in rows)
+    return Table(title="Steps per second", columns=columns, rows=cells)
+
+
+def result_figures(rows: list[dict]) -> list[Figure]:
+    """``x DDP`` of each of our systems, per N and model."""
+    table = result_table(rows)
+    x = table.column("x DDP")
+    return [Figure(f"{row[2]} {row[1]} N={row[0]}", row[x], "x")
+            for row in table.rows if row[2] != "DDP gloo" and row[x] is not None]
 
 
 def _load() -> str:

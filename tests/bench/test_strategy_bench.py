@@ -6,14 +6,16 @@ sum or update). Speed is the benchmark's business, never asserted here."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
+import os
+import shlex
 from pathlib import Path
 
 import pytest
 
 from bench._model_shapes import MODELS, bert_base, parameter_count, resnet50
 from bench._strategy_torch import torch_version
+from bench.record import load_result
 
 _BENCH = Path(__file__).resolve().parents[2] / "bench" / "strategy.py"
 
@@ -97,12 +99,16 @@ def test_tiny_run_fills_both_tables(tmp_path, capsys, marker, monkeypatch):
     assert model_row[5].strip().startswith(">= 2.0x")  # the target is shown
     if has_torch:
         assert float(model_row[8]) > 0 and float(model_row[9]) > 0  # both backward times
-    saved = json.loads((tmp_path / "rows.json").read_text())
-    assert [(r["path"], r["case"]) for r in saved["rows"]] == [
-        ("shm", "all_reduce:4096"), ("shm", "apply_gradients:resnet50"),
-        ("network", "all_reduce:4096"), ("network", "apply_gradients:resnet50")]
-    assert saved["rows"][1]["bytes"] == 4 * 25_557_032
-    assert "cores" in saved["environment"]
+    saved = load_result(tmp_path / "rows.json")  # --json: a result file of the schema
+    assert saved.name == "rows" and saved.source.startswith("measured")
+    assert saved.command == "uv run python bench/strategy.py " + shlex.join(argv)
+    assert saved.machine.cores == os.cpu_count()
+    table = saved.tables[0]
+    assert [row[:2] for row in table.rows] == [(2, "all_reduce 4 KiB"),
+                                               (2, "apply_gradients resnet50")]
+    for path in ("shm", "network"):
+        assert all(row[table.column(path)] > 0 for row in table.rows)
+    assert bench.case_bytes("apply_gradients:resnet50") == 4 * 25_557_032
 
 
 def test_cpu_is_summed_over_ranks_per_iteration_then_the_median_taken():
