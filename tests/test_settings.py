@@ -68,7 +68,7 @@ def test_the_readme_lists_every_variable_and_the_code_reads_no_other() -> None:
                                  "CLUSTER_HEARTBEAT_INTERVAL", "CLUSTER_FUNCTION_TIMEOUT"])
 @pytest.mark.parametrize("value", ["inf", "Infinity", "nan"])
 def test_seconds_must_be_finite(var: str, value: str) -> None:
-    # An infinite heartbeat timeout switches failure detection off (issue 20): refused, named.
+    # An infinite heartbeat timeout would switch failure detection off: refused, named.
     with pytest.raises(TaskConfigError, match=f"{var}: expected a finite number of seconds"):
         TaskSettings.from_env({var: value})
     with pytest.raises(ValueError, match="finite"):
