@@ -1,7 +1,6 @@
 """Packaging of the command line: ``--version``; ``--help`` imports neither grpc nor numpy
-(nor a YAML parser), so it answers at once; no arguments exit 2 with
-usage; ``import cluster`` is lazy too. Speed itself is bench material: the README has the
-figures; here the imports that cost it are checked."""
+(nor a YAML parser), so it answers at once; no arguments exit 2 with usage; ``import cluster``
+is lazy too. Speed itself is bench material: here the imports that would cost it are checked."""
 
 from __future__ import annotations
 
