@@ -1,4 +1,4 @@
-"""Page faults per call of the public strategy API (issue 18: "no per-call page faults").
+"""Page faults per call of the public strategy API (the goal: none per call).
 
     uv run python bench/page_faults.py                  # N = 2, 64 MiB, shm and network
     uv run python bench/page_faults.py --size 16M --nprocs 4

@@ -29,7 +29,7 @@ starts after a barrier; its time is the slowest rank's; tables show medians over
 machine (single runs vary up to 2x here) fall on both sides instead of on one.
 ``x gloo`` = gloo's (DDP's) time / ours: above 1 we are faster. busbw = bytes / time *
 2(N-1)/N (nccl-tests' convention; for a model, bytes = all its float32 gradients). ``target``
-is issue 18's goal for the row, as an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce
+is the goal for the row, as an ``x gloo`` to reach (a step time <= 0.5x DDP's all-reduce
 time reads ``>= 2.0x``). ``x (DDP + step)`` compares like with like: our step includes the
 update, so it is set beside DDP's all-reduce plus torch's own SGD step on the same parameters.
 ``x buckets`` sets our step beside gloo's all-reduce of DDP's buckets with no backward running:
@@ -82,7 +82,7 @@ class BenchError(RuntimeError):
 
 
 def target(path: str, n: int, case: str) -> float | None:
-    """Issue 18's goal for a row as the ``x gloo`` to reach, or ``None`` where it sets none."""
+    """The goal for a row as the ``x gloo`` to reach, or ``None`` where it sets none."""
     kind, _, what = case.partition(":")
     if kind == "apply_gradients":
         return 2.0 if path == "shm" else 1.0  # step <= 0.5x (1.0x) DDP's all-reduce time

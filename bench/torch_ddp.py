@@ -26,7 +26,7 @@ step, the busiest rank. Robust to load where wall time is not: on a shared 2-cor
 step's wall time is at least N ranks' CPU time / the cores, so the ratio of the CPU columns is
 what the steps/s ratio tends to under load. ``--phases`` adds rank 0's median ms per phase
 (forward, backward, ``synchronize()``, optimizer; DDP waits for its buckets inside backward).
-``--baseline FILE`` adds rows for another build's ``cluster/torch/_gradients.py``
+``--baseline FILE`` adds rows for another version of ``cluster/torch/_gradients.py``
 (``git show REV:cluster/torch/_gradients.py > FILE``), interleaved with ours.
 
 Threads: one intra-op thread per process in both systems (``torch.set_num_threads(1)`` before
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each phase of a step (forward, backward, sync, "
                              "optimizer) on rank 0")
     parser.add_argument("--baseline", type=Path,
-                        help="another build's cluster/torch/_gradients.py: adds 'base shm' / "
+                        help="another version of cluster/torch/_gradients.py: adds 'base shm' / "
                              "'base network' rows, interleaved with ours")
     parser.add_argument("--json", type=Path,
                         help="also write a result file here (bench/record.py)")

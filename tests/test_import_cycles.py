@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "cluster"
 
-# The strategy layer: issue 13 point 4 dissolved the cycle that tied these together.
+# The strategy layer: these modules must never import one another in a cycle.
 _STRATEGY_LAYER = (
     "cluster._context",
     "cluster.values",

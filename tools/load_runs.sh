@@ -12,7 +12,7 @@ tests=(tests/hosts/test_hosts.py::test_training_across_two_hosts_equals_one_proc
        tests/hosts/test_hosts.py::test_a_silent_partition_stops_every_task_naming_an_unreachable_peer
        tests/processes/test_quickstart.py::test_quickstart_matches_a_single_process_run
        tests/processes/test_scale.py)
-export HOSTS_STOP_BOUND=5  # the goal: every task out within 5 s of a partition
+export HOSTS_STOP_BOUND=5  # the goal: every task out within 5 s of a partition
 stress-ng --cpu 2 --timeout 7200 >/dev/null 2>&1 &
 stress=$!
 trap 'kill $stress 2>/dev/null; wait $stress 2>/dev/null' EXIT

@@ -1,7 +1,7 @@
 """Checkpoints of parameter-server variables: the coordinator reads the shards and writes.
 
-Design (issue 17 asks to choose between the coordinator reading every shard from the ``ps``
-tasks and each ``ps`` task writing its own shards in parallel): the **coordinator reads**.
+Design (the choice is between the coordinator reading every shard from the ``ps`` tasks and
+each ``ps`` task writing its own shards in parallel): the **coordinator reads**.
 
 - A save pulls every tracked :class:`~cluster.strategies._ps_variables.PsVariable` once, all of
   them together, in one concurrent request per ``ps`` task (:func:`~cluster.strategies.

@@ -1,6 +1,6 @@
-"""``bench/ps.py`` chooses new ports when a port it picked is taken before its task binds it
-(issue 21 item 4): a real ``python -m ps`` exits 203 on the taken port, the benchmark starts its
-cluster again on fresh ports and measures. Speed is never asserted."""
+"""``bench/ps.py`` chooses new ports when a port it picked is taken before its task binds it:
+a real ``python -m ps`` exits 203 on the taken port, the benchmark starts its cluster again on
+fresh ports and measures. Speed is never asserted."""
 
 from __future__ import annotations
 

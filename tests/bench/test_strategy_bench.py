@@ -1,5 +1,5 @@
 """``bench/strategy.py`` on a tiny configuration: the model shapes have the architectures' sizes,
-the targets table is issue 18's, and one fast run (N=2, 4 KiB, 2 iterations, ResNet-50 steps,
+the targets table has the goals, and one fast run (N=2, 4 KiB, 2 iterations, ResNet-50 steps,
 both paths) fills every cell of both tables and checks its results (the task raises on a wrong
 sum or update). Speed is the benchmark's business, never asserted here."""
 

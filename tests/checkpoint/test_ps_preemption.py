@@ -1,4 +1,4 @@
-"""A preemption notice on any task under ParameterServerStrategy (issue 17), through
+"""A preemption notice on any task under ParameterServerStrategy, through
 ``clusterctl launch`` with real processes (``mode: coordinator``: chief + 2 workers + 2 ps).
 
 SIGTERM to a parameter server, or to a serving worker, during step 25: the task reports the

@@ -1,4 +1,4 @@
-"""Resume equality through ``clusterctl launch`` with real processes (issue 17's "done when"):
+"""Resume equality through ``clusterctl launch`` with real processes:
 a task SIGKILLed mid-run, clusterctl restarts, the run resumes from the newest checkpoint and
 ends with parameters bit for bit those of an uninterrupted run, at most one save interval redone.
 

@@ -1,7 +1,7 @@
 """Bad input is rejected on each rank before any byte moves, and the group survives it.
 
-Issue 22: a bool tensor, or a torch tensor that requires grad, passed to a collective aborted the
-group for good. Now every rank validates its input locally; when every rank rejects (the same
+A bool tensor, or a torch tensor that requires grad, passed to a collective must not abort the
+group: every rank validates its input locally; when every rank rejects (the same
 code everywhere), each raises its own error and the next collective works.
 """
 

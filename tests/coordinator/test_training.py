@@ -1,6 +1,6 @@
 """Parameter-server training on real processes: 2 ps, 2 serving workers, the chief's script.
 
-The issue's bar: synchronous training equals the single-process reference, asynchronous
+What is checked: synchronous training equals the single-process reference, asynchronous
 training converges, a worker killed with SIGKILL mid-training still runs every scheduled
 function (and is used again once it is back), a ps killed with SIGKILL is a typed error naming
 it within 10 s, and a partitioned variable round-trips exactly.

@@ -1,4 +1,4 @@
-"""Bad input is refused, never crashes (issue 20, "Bad input"): every case exits 2 from
+"""Bad input is refused, never crashes: every case exits 2 from
 ``clusterctl validate``, ``launch`` and ``render``, with a message naming the field, starts no
 process and leaves no run directory. No process is started by these tests (one CLI subprocess
 for the alias bomb, under a memory limit)."""

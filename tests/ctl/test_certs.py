@@ -1,4 +1,4 @@
-"""``clusterctl certs`` and the cluster file's ``tls:`` key (issue 20 item 11): the certificates
+"""``clusterctl certs`` and the cluster file's ``tls:`` key: the certificates
 name every address a task is dialled at, the key is validated before anything starts, and the
 quickstart and examples/ps train end to end over mutual TLS through ``clusterctl launch``;
 a task whose certificate another CA signed cannot join."""

@@ -1,7 +1,6 @@
-"""Packaging of the command line (issue 21 item 6): ``--version``; ``--help`` imports neither
-grpc nor numpy (nor a YAML parser), which is what made it take 2-3 s; no arguments exit 2 with
-usage; ``import cluster`` is lazy too. Speed itself is bench material: the README has the
-figures; here the imports that cost it are checked."""
+"""Packaging of the command line: ``--version``; ``--help`` imports neither grpc nor numpy
+(nor a YAML parser), so it answers at once; no arguments exit 2 with usage; ``import cluster``
+is lazy too. Speed itself is bench material: here the imports that would cost it are checked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Failure output a person reads (issue 21 item 4), with real clusterctl and task processes:
+"""Failure output a person reads, with real clusterctl and task processes:
 
 - a task that only stopped because a peer failed prints one console line, its traceback goes to
   its log; the first failure line and the summary's root cause name the task that failed first

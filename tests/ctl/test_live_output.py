@@ -1,4 +1,4 @@
-"""Live output (issue 21 item 2): a progress bar's ``\\r`` redraws reach the console while the task
+"""Live output: a progress bar's ``\\r`` redraws reach the console while the task
 still runs, on a terminal (a pty) and in a pipe; ``--tasks`` filters the console but never the
 logs; ``--timestamps``; colours kept. Real clusterctl and task processes for the live cases (the
 task waits on a FIFO until the test has seen its partial line, so no timing is assumed), a fake

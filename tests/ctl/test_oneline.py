@@ -1,4 +1,4 @@
-"""Launch without a file (issue 21 item 1): ``clusterctl launch -n 3 train.py -- ARGS``,
+"""Launch without a file: ``clusterctl launch -n 3 train.py -- ARGS``,
 ``clusterctl launch cluster.yaml -- ARGS``, and ``clusterctl launch train.py`` without ``-n``.
 The CLI runs as a real command; the runs start real task processes."""
 

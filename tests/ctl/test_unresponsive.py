@@ -1,4 +1,4 @@
-"""The summary names a frozen task as the root cause (issue 20, "Messages that mislead"): when
+"""The summary names a frozen task as the root cause: when
 worker:1 is stopped with SIGSTOP, its peers exit 201 ("stopped because another task failed")
 and the root cause must read "worker:1 unresponsive", not "chief:0 exited 201". Real processes."""
 

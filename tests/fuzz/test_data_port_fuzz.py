@@ -1,4 +1,4 @@
-"""Raw bytes at a task's TCP data port (issue 20 item 12): random and mutated handshakes from
+"""Raw bytes at a task's TCP data port: random and mutated handshakes from
 callers without the token, then, with it, random and mutated frames on an authenticated
 connection.
 

@@ -1,5 +1,5 @@
-"""Random and mutated requests against every method of every service a task serves (issue 20
-item 12), with no token, a wrong one and the right one.
+"""Random and mutated requests against every method of every service a task serves,
+with no token, a wrong one and the right one.
 
 The contract checked, per call:
 

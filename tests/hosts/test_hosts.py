@@ -37,9 +37,9 @@ QUICKSTART = REPO / "examples" / "quickstart"
 LAYOUT = {"h1": ["chief:0", "worker:0"], "h2": ["worker:1", "worker:2"]}
 STARTUP = 90.0  # seconds: four interpreters importing numpy and grpc on 2 cores
 BIG = str(16 << 20)  # bytes all-reduced across the slow link
-# Seconds from a silent partition to the exit of every task. The goal is 5 s (issue 16), measured
+# Seconds from a silent partition to the exit of every task. The goal is 5 s, measured
 # under load by tools/load_runs.sh, which sets HOSTS_STOP_BOUND=5; in the suite the check is that
-# tasks fail fast rather than how fast (the old exit path took 9-21 s), with room for a busy CI.
+# tasks fail fast rather than how fast, with room for a busy CI.
 STOP_BOUND = float(os.environ.get("HOSTS_STOP_BOUND", "8"))
 UNREACHABLE = re.compile(r"PeerUnavailableError: (chief|worker):\d \((h1|h2):\d+\) "
                          r"(is unavailable|unreachable)")

@@ -1,4 +1,4 @@
-"""``cluster.jax`` and JAX arrays through strategies (issue 22 item 2): JAX in, JAX out, through
+"""``cluster.jax`` and JAX arrays through strategies: JAX in, JAX out, through
 ``ReplicaContext.all_reduce`` and ``strategy.reduce`` in real processes; a gradient tree
 all-reduced in one collective; the chief's parameters broadcast; bad leaves refused before the
 collective (the group survives); ``import cluster`` does not import JAX."""

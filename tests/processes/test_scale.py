@@ -34,7 +34,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 N = 64
 STARTUP = 150.0  # seconds: 64 interpreters importing numpy and grpc on 2 busy cores
-DETECTION_BOUND = 5.0  # seconds from the SIGKILL to every survivor naming it (issue 14)
+DETECTION_BOUND = 5.0  # seconds from the SIGKILL to every survivor naming it
 # Seconds from the SIGKILL to every survivor's exit. Beyond naming the victim, the 63 survivors
 # then shut down and tear their interpreters down at the same moment on 2 cores: a survivor
 # names the victim 0.0-0.3 s after the first one does and has finished its shutdown and atexit

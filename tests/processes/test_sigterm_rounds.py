@@ -1,6 +1,6 @@
 """SIGTERM to tasks in the middle of collectives, round after round: every task exits 143
-promptly (issue 20: 3 of 20 shutdowns used to hang in gRPC's ``channel.close()`` until
-clusterctl's SIGKILL). By hand, 50 rounds: ``CLUSTER_SIGTERM_ROUNDS=50``."""
+promptly (none hangs in gRPC's ``channel.close()`` until clusterctl's SIGKILL). By hand, 50
+rounds: ``CLUSTER_SIGTERM_ROUNDS=50``."""
 
 from __future__ import annotations
 

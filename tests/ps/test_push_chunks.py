@@ -1,5 +1,5 @@
 """Large pushes as a ``PushChunks`` stream: the layout of its messages, the receiver's checks,
-and the same bytes as a push in one message, over real gRPC (issue 18, item 8)."""
+and the same bytes as a push in one message, over real gRPC."""
 
 from __future__ import annotations
 

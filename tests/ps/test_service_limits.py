@@ -1,9 +1,9 @@
 """Requests that would exhaust a parameter server are refused, and it keeps serving.
 
-Issue 20: a Pull naming one 16 MiB variable 96 times killed the ps; a synchronous push without
-a deadline failed UNKNOWN yet counted; pushes waiting for 2^31 contributors held every RPC
-thread. The memory attack runs against a ps in a child process whose data segment is capped
-(RLIMIT_DATA), so the machine is never at risk.
+Checked: a Pull naming one 16 MiB variable 96 times must not kill the ps; a synchronous push
+without a deadline must not fail UNKNOWN yet count; pushes waiting for 2^31 contributors must
+not hold every RPC thread. The memory attack runs against a ps in a child process whose data
+segment is capped (RLIMIT_DATA), so the machine is never at risk.
 """
 
 from __future__ import annotations

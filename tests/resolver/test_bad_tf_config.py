@@ -1,5 +1,5 @@
 """A bad ``TF_CONFIG`` is refused at start-up with exit 2 and a message naming the field and the
-fix, before any port is bound (issue 20): IPv6 hosts without brackets, absurd nesting, two tasks
+fix, before any port is bound: IPv6 hosts without brackets, absurd nesting, two tasks
 at one address. Real ``python -m worker`` processes, one at a time."""
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_hostlist_expands_like_scontrol(hostlist, hosts):
         ("n[a-b]", "'a-b'"),
         ("n[1-2-3]", "'1-2-3'"),
         ("n[1,,2]", "''"),
-        # an empty name between commas: TF raises ValueError (issue 19)
+        # an empty name between commas: TF raises ValueError
         ("a,,b", "empty name before the ',' at position 2"),
         (",a", "empty name before the ',' at position 0"),
         ("a,,", "empty name before the ',' at position 2"),

@@ -364,7 +364,7 @@ _BAD_TASK = {
 
 @pytest.mark.parametrize(("value", "job"), [(123456, "123456"), (1.5, "1.5")])
 def test_numeric_task_type_is_cast_to_string_like_tf(monkeypatch, value, job) -> None:
-    # TF's testTaskTypeCastToString: TF reads str(task["type"]) (issue 19, item 1).
+    # TF's testTaskTypeCastToString: TF reads str(task["type"]).
     set_tf_config(
         monkeypatch, {"cluster": {job: ["a:1", "b:1"]}, "task": {"type": value, "index": 1}}
     )

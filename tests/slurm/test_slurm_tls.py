@@ -1,4 +1,4 @@
-"""Mutual TLS under Slurm (issue 20 item 11): the rendered sbatch script makes a CA and a
+"""Mutual TLS under Slurm: the rendered sbatch script makes a CA and a
 certificate naming the allocation's nodes at job start, and the quickstart trains across the two
 nodes of the local Slurm over TLS."""
 

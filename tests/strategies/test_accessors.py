@@ -1,4 +1,4 @@
-"""Who this process is in its strategy (issue 22 item 3, issue 21's is_chief): worker_index,
+"""Who this process is in its strategy: worker_index,
 num_workers, num_local_replicas, is_chief by TensorFlow's rule, and the collective group."""
 
 from __future__ import annotations

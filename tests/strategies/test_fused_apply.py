@@ -1,5 +1,5 @@
 """``optimizer.apply_gradients`` under MultiWorkerMirroredStrategy fuses plain SGD's update into
-the all-reduce (issue 18; :mod:`cluster.collectives.epilogue`): two real processes, on the
+the all-reduce (:mod:`cluster.collectives.epilogue`): two real processes, on the
 shared-memory and the network path. Variables end bitwise equal on both ranks and to the update
 computed in NumPy from the summed gradients; optimizers with slots take the unfused path."""
 

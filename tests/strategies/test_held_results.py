@@ -1,4 +1,4 @@
-"""Results a user holds are never overwritten by a later call (issue 18): MultiWorkerMirrored-
+"""Results a user holds are never overwritten by a later call: MultiWorkerMirrored-
 Strategy over N=2 real processes, on the shared-memory and the network path, for
 ``get_replica_context().all_reduce``, ``strategy.reduce`` and ``apply_gradients``, at a size the
 collectives' buffer pool recycles (32 MiB) and with small fused tensors."""

@@ -1,4 +1,4 @@
-"""Issue 19: where the strategies differed from TensorFlow, and their siblings in the other
+"""Where the strategies must behave as TensorFlow does, and their siblings in the other
 strategies and contexts. Every expectation was checked against TF 2.21 (MirroredStrategy on two
 logical CPUs, OneDeviceStrategy, the default strategy, CentralStorageStrategy); where TF raises,
 the same exception type is expected here."""

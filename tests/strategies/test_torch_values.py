@@ -1,4 +1,4 @@
-"""Torch tensors through the strategies (issue 22): 0-d stays 0-d, and one module shared by
+"""Torch tensors through the strategies: 0-d stays 0-d, and one module shared by
 MirroredStrategy's replica threads gets a short error that says what to do."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Exchange streams from callers with the token that are buggy or lying (issue 20 items 4 and 8),
-and the close of a stream to a silent peer (item 10):
+"""Exchange streams from callers with the token that are buggy or lying,
+and the close of a stream to a silent peer:
 frames claiming sizes they never send, frames out of order, streams that name a rank and send
 nothing. The receiving task holds only what arrived, answers INVALID_ARGUMENT, and never takes
 such a stream for the named peer leaving or dying."""

@@ -1,4 +1,4 @@
-"""The TCP data plane's handshake under hostile connections (issue 20, item 2).
+"""The TCP data plane's handshake under hostile connections.
 
 A slow drip is dropped at the handshake's one deadline; a flood of hostile connections does
 not keep a real peer out; a connector whose connection is closed before the acceptor answered

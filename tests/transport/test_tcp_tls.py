@@ -1,4 +1,4 @@
-"""Mutual TLS on the TCP data plane (issue 20, item 11): certificates made here with
+"""Mutual TLS on the TCP data plane: certificates made here with
 ``cryptography``; a plaintext or wrong-CA peer cannot connect."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mutual TLS on a real task server (issue 20 item 11): only a client holding a certificate from
+"""Mutual TLS on a real task server: only a client holding a certificate from
 the cluster's CA *and* the token gets an answer; a plaintext client, a client without a
 certificate and one whose certificate another CA signed cannot connect at all."""
 

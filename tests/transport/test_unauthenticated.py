@@ -1,5 +1,5 @@
 """What a caller without the token can make a task do: nothing that costs memory or tells it
-which services run (issue 20 items 1 and 3).
+which services run.
 
 The victim is a real serving ``python -m worker`` (its server hosts Collective, Control,
 Coordination and the worker's Run service, whose authenticated cap is 2 GiB) started under
