@@ -52,7 +52,7 @@ def test_bert_base_shapes_are_the_architectures():
     assert set(MODELS) == {"resnet50", "bert-base"}
 
 
-def test_targets_are_issue_18s():
+def test_targets_per_path_and_case():
     bench = _load_bench()
     big = f"all_reduce:{64 << 20}"
     assert [bench.target("shm", n, big) for n in (2, 4)] == [2.5, 2.5]
