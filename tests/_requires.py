@@ -34,6 +34,7 @@ def require(module: str) -> ModuleType:
     or skip the test (at module level: the file) with ``<package> is not installed: <command>``.
 
     ``KeyError`` for a package that is not one of the optional ones above."""
+    __tracebackhide__ = True  # the skip is reported at the caller's line, not this one
     package = module.partition(".")[0]
     command = install_command(_EXTRA[package])
     return pytest.importorskip(module, reason=f"{package} is not installed: {command}")
@@ -67,6 +68,7 @@ def skip_without_cupy() -> pytest.MarkDecorator:
 
 def require_cupy() -> ModuleType:
     """``cupy`` when it sees a CUDA device; otherwise skip the test with the reason why not."""
+    __tracebackhide__ = True
     reason = cupy_missing()
     if reason is not None:
         pytest.skip(reason)
