@@ -12,6 +12,7 @@ import pytest
 from cluster._family import stage
 from cluster.collectives import ReduceOp
 from cluster.collectives._packing import describe, pack, plan_packs, unpack
+from tests._requires import require_cupy
 
 from ._threads import make_groups, run_ranks
 
@@ -95,13 +96,7 @@ def test_cupy_arrays_are_staged_through_the_host_and_return_on_their_device(
 
 @pytest.mark.gpu
 def test_real_cupy_all_reduce() -> None:
-    cupy = pytest.importorskip("cupy", reason="no GPU here: CuPy is not installed (extra 'gpu')")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        count = 0
-    if count == 0:
-        pytest.skip("no visible GPU")
+    cupy = require_cupy()
     hub, groups = make_groups(2)
     inputs = [cupy.arange(5, dtype=cupy.float32) * (r + 1) for r in range(2)]
     results = run_ranks(lambda r: groups[r].all_reduce(inputs[r]), 2)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests._requires import require
+
 from ._threads import make_groups, run_ranks
 
-torch = pytest.importorskip("torch")
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
+torch = require("torch")
+jax = require("jax")
+jnp = require("jax.numpy")
 
 
 def test_jax_arrays_come_back_as_jax_with_their_dtype() -> None:
@@ -38,7 +40,7 @@ def test_a_0d_tensor_stays_0d() -> None:
 
 
 def test_bfloat16_tensors_are_reduced_with_ml_dtypes() -> None:
-    pytest.importorskip("ml_dtypes")
+    require("ml_dtypes")
     hub, groups = make_groups(2)
     value = torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16)
     outs = run_ranks(lambda r: groups[r].all_reduce(value, "MEAN"), 2,

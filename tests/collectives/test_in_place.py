@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests._requires import require
+
 from ._threads import make_groups, run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,7 +38,7 @@ def test_results_land_in_the_values(op: str, asynchronous: bool) -> None:
 
 
 def test_torch_tensors_are_reduced_in_place() -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (extra 'torch')")
+    torch = require("torch")
     hub, groups = make_groups(2)
 
     def body(rank: int) -> tuple[bool, list[float]]:

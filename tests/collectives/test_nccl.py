@@ -34,6 +34,7 @@ from cluster.collectives.nccl import (
 )
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.errors import CollectiveAbortedError, CollectiveTimeoutError
+from tests._requires import cupy_missing
 
 from ._fake_cupy import (
     NCCL_CONSTANTS,
@@ -46,7 +47,8 @@ from ._threads import run_ranks
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.path_independent]
 
-NO_GPU = "no GPU: CuPy does not see a CUDA device"
+# available() is False when CuPy cannot run here, or when it sees a device but not NCCL.
+NO_GPU = cupy_missing() or "CuPy sees a CUDA device but cannot load NCCL (cupy.cuda.nccl)"
 
 # The constants of cupy_backends/cuda/libs/nccl.pxd.
 @pytest.fixture

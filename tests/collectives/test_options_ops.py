@@ -8,6 +8,7 @@ import pytest
 from cluster.collectives import SUPPORTED_DTYPES, CommunicationImplementation, CommunicationOptions
 from cluster.collectives.ops import ReduceOp, check_reducible, finalize, reduce_into
 from cluster.collectives.options import ALGORITHM_ENV, Algorithm, algorithm_from_env
+from tests._requires import require
 
 pytestmark = pytest.mark.path_independent
 
@@ -153,7 +154,7 @@ def test_unsupported_dtype_is_a_type_error_naming_it_and_the_list(dtype: str) ->
 
 
 def test_bfloat16_when_ml_dtypes_is_present() -> None:
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = require("ml_dtypes")
     check_reducible(np.dtype(ml_dtypes.bfloat16))
     acc = np.array([1.5, 2.0], ml_dtypes.bfloat16)
     reduce_into(ReduceOp.SUM, acc, np.array([0.5, 1.0], ml_dtypes.bfloat16))

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from cluster.collectives import CommunicationOptions
+from tests._requires import require
 
 from ._threads import make_groups, run_ranks
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.mark.parametrize(

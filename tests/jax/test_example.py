@@ -22,9 +22,10 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
+from tests._requires import require
 from tests.conftest import REPO
 
-pytest.importorskip("jax")
+require("jax")
 
 EXAMPLE = REPO / "examples" / "jax"
 STEPS = 46  # two epochs of 23 global batches (1437 digits, global batch 64)

@@ -13,11 +13,13 @@ import pytest
 
 import cluster
 from cluster.testing import run_group
+from tests._requires import require
 from tests.conftest import REPO
 
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
-cluster_jax = pytest.importorskip("cluster.jax")
+jax = require("jax")
+jnp = require("jax.numpy")
+
+import cluster.jax as cluster_jax  # noqa: E402  (needs jax)
 
 
 def tree_of(rank: int) -> dict:

@@ -26,6 +26,7 @@ from cluster.data import (
     replica_slices,
     split_batch,
 )
+from tests._requires import require_cupy
 
 
 def _rows(pieces):
@@ -205,11 +206,8 @@ def test_duck_typed_arrays_are_split_by_slicing() -> None:
 
 
 def test_cupy_arrays_split_as_views_when_available() -> None:
-    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
-    try:
-        x = cp.arange(10)
-    except Exception as e:  # CuPy installed without a usable GPU
-        pytest.skip(f"no usable GPU for CuPy: {e}")
+    cp = require_cupy()
+    x = cp.arange(10)
     pieces = split_batch(x, 4)
     assert [p.get().tolist() for p in pieces] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert all(p.base is x for p in pieces)

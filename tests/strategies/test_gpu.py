@@ -7,10 +7,10 @@ import pytest
 
 import cluster
 from cluster.strategies._devices import gpu_count
+from tests._requires import skip_without_cupy
 
 GPUS = gpu_count()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    GPUS == 0, reason="no GPU here: CuPy is not installed (extra 'gpu') or sees no device")]
+pytestmark = [pytest.mark.gpu, skip_without_cupy()]
 
 
 def test_one_gpu_replica_keeps_values_on_the_gpu():

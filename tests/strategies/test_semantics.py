@@ -10,6 +10,7 @@ import pytest
 import cluster
 from cluster import VariableAggregation, VariableSynchronization
 from cluster.values import PerReplica
+from tests._requires import require
 
 
 @pytest.fixture
@@ -344,8 +345,7 @@ def test_python_scalars_and_numpy_scalars_come_back_as_scalars(two):
 
 
 def test_dlpack_arrays_come_back_in_their_family(two):
-    torch = pytest.importorskip("torch", reason="torch is not installed (a benchmark-only "
-                                "dependency, no extra: uv pip install torch==2.13.0)")
+    torch = require("torch")
     value = PerReplica([torch.ones(3), torch.full((3,), 2.0)])
     result = two.reduce("SUM", value, axis=None)
     assert isinstance(result, torch.Tensor) and result.tolist() == [3.0, 3.0, 3.0]

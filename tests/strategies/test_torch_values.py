@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import cluster
+from tests._requires import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def test_a_0d_loss_stays_0d_through_reduce_and_all_reduce() -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tests._requires import require
+
+require("torch")
 
 _BENCH = Path(__file__).resolve().parents[2] / "bench" / "torch_ddp.py"
 

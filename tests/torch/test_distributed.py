@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from cluster.testing import run_group
+from tests._requires import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 

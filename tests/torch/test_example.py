@@ -14,9 +14,10 @@ import pytest
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
 from cluster.testing import processes_with
+from tests._requires import require
 from tests.conftest import REPO
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 EXAMPLE = REPO / "examples" / "torch"
 STEPS = 12

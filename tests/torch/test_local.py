@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests._requires import require
+
+torch = require("torch")
 
 import cluster  # noqa: E402
 import cluster.torch as ct  # noqa: E402
