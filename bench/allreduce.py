@@ -29,8 +29,8 @@ gloo's time over ours, i.e. our speed relative to gloo's: above 1 we are faster.
 A first table gives, per N, the message-count model of :mod:`cluster.collectives.cost`
 (latencies on the critical path, messages in all) and the algorithm ``auto`` picks at each size.
 
-gloo needs torch (a benchmark extra, never a runtime dependency): ``pip install torch==2.13.0``
-into the environment (``uv pip install torch==2.13.0``); without it only our columns are shown.
+gloo needs torch (the ``torch`` extra, never a runtime dependency): ``uv sync --inexact --extra
+torch``; without it only our columns are shown.
 """
 
 from __future__ import annotations

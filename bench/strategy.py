@@ -40,8 +40,8 @@ median over iterations; gloo's, for a model, is that of its buckets alone. ``cor
 over the call's time: at the machine's core count the call is CPU-bound, and the CPU it needs
 is its floor.
 
-torch is a benchmark extra, never a runtime dependency: ``uv pip install torch==2.13.0`` (or a
-local wheel) into the environment; without it (or with ``--no-torch``) the gloo columns say
+torch is the ``torch`` extra, never a runtime dependency: ``uv sync --inexact --extra torch``;
+without it (or with ``--no-torch``) the gloo columns say
 "not installed" ("skipped").
 """
 
