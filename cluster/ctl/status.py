@@ -176,6 +176,14 @@ def _is_run(path: Path) -> bool:
         return False
 
 
+def _changed(path: Path) -> float:
+    """When ``path`` last changed (an entry written), 0 when it is gone meanwhile."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def _pointed_run(pointer: Path) -> Path | None:
     try:
         return Path(pointer.read_text().strip())
@@ -201,7 +209,7 @@ def default_run_dir(cwd: Path, pointer: Path) -> Path | None:
         if pointed is not None and pointed.resolve().parent == local.resolve() \
                 and _is_run(pointed):
             return pointed
-        return max(runs, key=lambda p: (p.stat().st_mtime, p.name))
+        return max(runs, key=lambda p: (_changed(p), p.name))
     return pointed
 
 
