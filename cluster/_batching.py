@@ -93,6 +93,7 @@ def split_batch(batch: Any, num_replicas: int) -> list[Any]:
     batchable (Python scalar, string, ``None``, 0-d array) and ``ValueError`` when the leaves
     disagree on the batch size or the nest holds no arrays.
 
+    >>> import numpy as np
     >>> [p.tolist() for p in split_batch(np.arange(5), 4)]
     [[0, 1], [2, 3], [4], []]
     """

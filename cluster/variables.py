@@ -68,7 +68,8 @@ def _check_enum(value: Any, enum_type: type[enum.Enum], field: str) -> Any:
 class Variable(metaclass=_VariableMeta):
     """A mutable array with a name (``tf.Variable``).
 
-    >>> v = Variable([1.0, 2.0], name="w")
+    >>> import cluster
+    >>> v = cluster.Variable([1.0, 2.0], name="w")
     >>> v.assign_add([1.0, 1.0]).numpy()
     array([2., 3.], dtype=float32)
     >>> v.name, v.dtype, v.shape

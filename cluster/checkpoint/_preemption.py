@@ -168,7 +168,8 @@ class PreemptionCheckpointHandler:
         if step is None:  # saved without a number: take it from the name
             match = _NUMBERED.search(os.path.basename(path))
             step = int(match.group(1)) if match else 0
-        log.warning("resumed from %s at run call %d", path, step)
+        # Resuming is the normal path after a preemption or a restart, not a problem: INFO.
+        log.info("resumed from %s at run call %d", path, step)
         return int(step)
 
     def _on_signal(self, signum: int, frame: Any) -> None:

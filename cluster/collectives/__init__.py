@@ -22,8 +22,8 @@ Where things live:
 
 >>> from cluster.transport.inproc import InProcessHub
 >>> hub = InProcessHub(1)
->>> CollectiveGroup(hub.transports[0]).all_reduce(3.0)
-np.float64(3.0)
+>>> CollectiveGroup(hub.transports[0]).all_reduce(3.0)  # a Python float is float32, as in TF
+np.float32(3.0)
 """
 
 from __future__ import annotations

@@ -59,11 +59,14 @@ log = logging.getLogger(__name__)
 class ClusterCoordinator:
     """Schedules functions on the workers of ``strategy`` (TF's ``ClusterCoordinator``).
 
-    >>> coordinator = ClusterCoordinator(strategy)       # doctest: +SKIP
-    >>> iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    >>> for _ in range(steps):
-    ...     loss = coordinator.schedule(step_fn, args=(iterator,))
-    >>> coordinator.join(); loss.fetch()
+    On the chief of a launched ``mode: coordinator`` cluster (not a doctest: it needs the
+    cluster)::
+
+        coordinator = ClusterCoordinator(strategy)
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        for _ in range(steps):
+            loss = coordinator.schedule(step_fn, args=(iterator,))
+        coordinator.join(); loss.fetch()
 
     ``strategy`` must be a :class:`~cluster.ParameterServerStrategy`; one coordinator exists per
     strategy (constructing another returns it). See the module docstring for failure handling.

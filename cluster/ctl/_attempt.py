@@ -4,7 +4,8 @@
 the signal wake-up fd, against deadlines; no sleeps, no polling) until every task has exited:
 
 - output: each line to the console prefixed ``[worker:1]`` and to the task's log; partial lines
-  (progress bars) as :mod:`cluster.ctl._output` shows them;
+  (progress bars) as :mod:`cluster.ctl._output` shows them; native library log lines (gRPC's
+  C core, :func:`~cluster.ctl._output.is_native_log_line`) to the log only;
 - a task whose error record says it only stopped because a peer failed (exit 201: its
   ``CollectiveAbortedError`` / ``PeerUnavailableError``) gets one console line, ``chief:0
   stopped: worker:1 failed``; the rest of its output (its traceback) goes to its log only;
@@ -39,7 +40,7 @@ from pathlib import Path
 from cluster import exitcodes, lifecycle
 from cluster._stacks import DUMP_SIGNAL
 from cluster.ctl import _telemetry, policy
-from cluster.ctl._output import Console
+from cluster.ctl._output import Console, is_native_log_line
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.certs import RunTls
 from cluster.ctl.spec import ClusterFile
@@ -199,6 +200,9 @@ class Attempt:
     # -- events ------------------------------------------------------------------------------
 
     def _show(self, task: TaskProcess, lines: list[str], partial: str = "") -> None:
+        lines = [line for line in lines if not is_native_log_line(line)]  # in the log only
+        if is_native_log_line(partial):
+            partial = ""
         if task.secondary is None:
             # One read may carry what the task printed before it failed and the start of its
             # traceback (the worker writes its record, then prints the traceback): the lines

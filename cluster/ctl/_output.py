@@ -16,23 +16,55 @@ Partial lines (a line the task has started but not ended with ``\\n``):
 ``--tasks`` (``show``) limits the tasks whose output reaches the console; the log files always get
 everything (:mod:`cluster.ctl._task_process`). ``--timestamps`` starts each console line with the
 wall-clock time it was written.
+
+Native log lines (:func:`is_native_log_line`) go to the task's log file only: gRPC's C core
+writes its own log (``Got goaway``, ``Socket closed``, epoll errors while a peer dies or the run
+is stopped) straight to file descriptor 2, bypassing Python's logging, and those lines say
+nothing the launcher's failure lines and the Python traceback do not. They are recognised by
+the fixed prefix of the absl/glog format, never by their text, so ``GRPC_VERBOSITY`` and
+``GRPC_TRACE`` keep working and what they turn on is in the log.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Collection
 from typing import TextIO
 
-__all__ = ["PIPE_EVERY", "PIPE_QUIET", "Console", "LineSplitter", "stamp", "use_color"]
+__all__ = ["PIPE_EVERY", "PIPE_QUIET", "Console", "LineSplitter", "is_native_log_line", "stamp",
+           "use_color"]
 
 _PALETTE = ("36", "32", "33", "34", "35", "96", "92", "93", "94", "95")  # ANSI foregrounds
 _RESET = "\033[0m"
 _ERASE_ROW = "\r\033[K"  # carriage return, erase to the end of the row
 PIPE_QUIET = 0.5  # seconds a partial line must stay unchanged before a pipe gets it
 PIPE_EVERY = 5.0  # seconds: a partial line that keeps changing reaches a pipe at most this often
+
+
+# absl's (and glog's, and gRPC's older gpr) line prefix: severity and MMDD, wall time to the micro-
+# or nanosecond (``00:00:<epoch seconds>`` before absl::InitializeLog), thread id, then the C/C++
+# source file and line. A Python source file (absl-py uses the same prefix) is the user's own log.
+_NATIVE_PREFIX = re.compile(r"[IWEFD]\d{4} \d\d:\d\d:\d+\.\d{6,9} +\d+ "
+                            r"[^\s\]]+\.(?:cc|c|cpp|cxx|h|hh|hpp|inc):\d+\] ")
+# absl's own first line when a library logs before absl::InitializeLog() (gRPC's C core does).
+_ABSL_PREINIT = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+                 "to STDERR")
+
+
+def is_native_log_line(line: str) -> bool:
+    """Whether ``line`` is a native (C/C++) library's log line in the absl/glog format, as
+    gRPC's C core writes them to fd 2, e.g.
+    ``I1128 06:48:40.287768    8148 chttp2_transport.cc:1403] ipv4:...: Got goaway [2] ...``.
+
+    >>> is_native_log_line("E0000 00:00:1732790000.123456   12345 ev_epoll1_linux.cc:123] x")
+    True
+    >>> is_native_log_line("I1128 06:48:40.287768 140 train.py:12] absl-py: the user's log")
+    False
+    """
+    return line == _ABSL_PREINIT or _NATIVE_PREFIX.match(line) is not None
 
 
 def use_color(stream: TextIO, choice: str = "auto") -> bool:

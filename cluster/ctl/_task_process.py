@@ -5,7 +5,8 @@ for it during an attempt (a ``mode: coordinator`` worker may be started again al
 process runs in its own process group, so a signal reaches everything it started; its output
 (stdout and stderr together) is read without blocking from a pipe, and its exit is seen through
 a pidfd. Every line goes to ``RUN_DIR/worker-1.log``; :meth:`TaskProcess.cause` names why the
-process ended (its error file, the signal that killed it, or its last line of output).
+process ended (its error file, the signal that killed it, or its last line of output, native
+library log lines left out: :func:`cluster.ctl._output.is_native_log_line`).
 
 The caller owns the event loop: it registers :attr:`TaskProcess.out_fd` and
 :attr:`TaskProcess.pidfd` with its selector after :meth:`TaskProcess.start`, and unregisters
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cluster import exitcodes, lifecycle
-from cluster.ctl._output import LineSplitter, stamp
+from cluster.ctl._output import LineSplitter, is_native_log_line, stamp
 from cluster.deadline import Deadline
 
 __all__ = ["TaskProcess", "TaskStartError"]
@@ -126,7 +127,7 @@ class TaskProcess:
         for line in lines:
             if self.log is not None:
                 self.log.write(when + line + "\n")
-            if line.strip():
+            if line.strip() and not is_native_log_line(line):  # gRPC's noise is no cause
                 self.last_line = line.strip()
         return lines
 

@@ -128,10 +128,12 @@ def _add_certs(sub: Any) -> None:
 def _add_status(sub: Any) -> None:
     cmd = sub.add_parser(
         "status", help="print a table of a run's tasks: state, exit code, last step, steps/s",
-        description="Print the tasks of the run in RUN_DIR (default: the newest run launched): "
-                    "state, exit code, last step, steps/s; exit 2 if there is no such run.")
+        description="Print the tasks of the run in RUN_DIR (default: the newest run under "
+                    "./runs, else the newest run launched on this machine): state, exit code, "
+                    "last step, steps/s; exit 2 if there is no such run.")
     cmd.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                     help="a run directory (default: the newest run)")
+                     help="a run directory (default: the newest under ./runs, else the newest "
+                          "launched)")
     cmd.set_defaults(handler=_cmd_status)
 
 

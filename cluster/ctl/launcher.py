@@ -76,8 +76,10 @@ class LaunchSetupError(LaunchError):
 @dataclass
 class TaskResult:
     """How a task of the last attempt ended: its exit code (128 + N for signal N), whether
-    clusterctl had stopped it, the one-line cause, its log file, and how many times clusterctl
-    restarted it alone during the attempt (``mode: coordinator`` workers)."""
+    clusterctl had stopped it, the one-line cause of an exit other than 0 (``""`` for a task
+    that succeeded: a success has no cause), its log file, how many times clusterctl restarted
+    it alone during the attempt (``mode: coordinator`` workers), and the last line it wrote
+    that was not blank (whatever its exit code)."""
 
     task: str
     exit_code: int | None
@@ -86,6 +88,7 @@ class TaskResult:
     log: str
     restarts: int = 0
     followed: str = ""  # the task whose failure it only followed (its error record says so)
+    last_line: str = ""
 
 
 @dataclass
@@ -335,8 +338,9 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
     followed = {name: policy.blame_chain(name, blames)[-1] for name, r in records.items()
                 if r is not None and policy.is_secondary(name, r.exit_code, r.root_task)}
     result = LaunchResult(EXIT_RUN_FAILED, run_dir, attempts, elapsed,
-                          [TaskResult(t.name, t.code, t.stopped, t.cause(), str(t.log_path),
-                                      t.restarts, followed.get(t.name, ""))
+                          [TaskResult(t.name, t.code, t.stopped,
+                                      "" if t.code == 0 else t.cause(), str(t.log_path),
+                                      t.restarts, followed.get(t.name, ""), t.last_line)
                            for t in attempt.tasks])
     if root is not None:
         culprit = followed.get(root.task, root.task)

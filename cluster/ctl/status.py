@@ -9,7 +9,10 @@ Where the figures come from (nothing is asked of the tasks; the run directory is
 - last step, steps/s, samples/s, share of time in collectives: the tasks' step records
   (``RUN_DIR/steps/*.jsonl``, :mod:`cluster.timeline`), over the last :data:`WINDOW` steps.
 
-``RUN_DIR`` defaults to the newest run clusterctl launched (:mod:`cluster.ctl._telemetry`).
+``RUN_DIR`` defaults to the newest run under ``./runs`` (where ``clusterctl launch`` puts the
+runs of a cluster file or script in the current directory), as ``git status`` shows the
+repository it is run in; when ``./runs`` holds no run, to the newest run clusterctl launched
+anywhere (:mod:`cluster.ctl._telemetry`). :func:`default_run_dir` decides.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from cluster import exitcodes
 from cluster.ctl._telemetry import latest_run_pointer, steps_path
 from cluster.timeline import load_steps
 
-__all__ = ["RunStatus", "TaskStatus", "WINDOW", "collect", "main", "render"]
+__all__ = ["RunStatus", "TaskStatus", "WINDOW", "collect", "default_run_dir", "main", "render"]
 
 WINDOW = 50
 """Steps/s and samples/s are measured over this many of a task's latest steps."""
@@ -164,17 +167,64 @@ def render(status: RunStatus) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(run_dir: str | None, out: TextIO, err: TextIO) -> int:
+def _is_run(path: Path) -> bool:
+    """Whether ``path`` is a run directory: clusterctl wrote a task's log or the summary."""
+    try:
+        return path.is_dir() and ((path / "summary.json").exists()
+                                  or any(_LOG.match(p.name) for p in path.iterdir()))
+    except OSError:
+        return False
+
+
+def _changed(path: Path) -> float:
+    """When ``path`` last changed (an entry written), 0 when it is gone meanwhile."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _pointed_run(pointer: Path) -> Path | None:
+    try:
+        return Path(pointer.read_text().strip())
+    except OSError:
+        return None
+
+
+def default_run_dir(cwd: Path, pointer: Path) -> Path | None:
+    """The run ``clusterctl status`` shows without ``RUN_DIR``: the newest run under
+    ``cwd/runs``, else the one ``pointer`` (the newest run launched on this machine) names;
+    None when there is neither.
+
+    Under ``cwd/runs`` the pointer's run wins when it is there (it is the newest launched);
+    otherwise the run directory that changed last (a task log or the summary was written).
+    """
+    pointed = _pointed_run(pointer)
+    local = cwd / "runs"
+    try:
+        runs = [p for p in local.iterdir() if _is_run(p)]
+    except OSError:  # no ./runs (or unreadable): the machine's newest run
+        runs = []
+    if runs:
+        if pointed is not None and pointed.resolve().parent == local.resolve() \
+                and _is_run(pointed):
+            return pointed
+        return max(runs, key=lambda p: (_changed(p), p.name))
+    return pointed
+
+
+def main(run_dir: str | None, out: TextIO, err: TextIO, *, cwd: Path | None = None) -> int:
     """``clusterctl status``: 0 with the table on ``out``; 2 with a message on ``err`` when
-    there is no such run directory (or no run to default to)."""
+    there is no such run directory (or no run to default to: :func:`default_run_dir` from
+    ``cwd``, the current directory by default)."""
     if run_dir is None:
         pointer = latest_run_pointer()
-        try:
-            run_dir = pointer.read_text().strip()
-        except OSError:
-            err.write(f"clusterctl status: no run to show: clusterctl has not launched one here "
-                      f"({pointer} is missing); pass RUN_DIR\n")
+        found = default_run_dir(Path.cwd() if cwd is None else cwd, pointer)
+        if found is None:
+            err.write("clusterctl status: no run to show: ./runs holds none and clusterctl has "
+                      f"not launched one on this machine ({pointer} is missing); pass RUN_DIR\n")
             return 2
+        run_dir = str(found)
     path = Path(run_dir)
     if not path.is_dir():
         err.write(f"clusterctl status: {path}: no such run directory (clusterctl launch prints "

@@ -1,15 +1,16 @@
 """``cluster.torch``: PyTorch training on the runtime, DistributedDataParallel's way.
 
-Imported only when used (``import cluster`` never imports torch):
+Imported only when used (``import cluster`` never imports torch). In a task of a launched
+cluster (not a doctest: it needs the cluster)::
 
->>> import cluster, cluster.torch                                     # doctest: +SKIP
->>> strategy = cluster.MultiWorkerMirroredStrategy()                  # one replica per task
->>> cluster.torch.broadcast_module(model, strategy)                   # rank 0's initial state
->>> grads = cluster.torch.DistributedGradients(model, strategy)       # hooks + buckets
->>> for x, y in batches:
-...     loss_fn(model(x), y).backward()   # bucketed all-reduces start during backward
-...     grads.synchronize()               # p.grad = the mean over the tasks, in place
-...     optimizer.step(); optimizer.zero_grad()
+    import cluster, cluster.torch
+    strategy = cluster.MultiWorkerMirroredStrategy()                  # one replica per task
+    cluster.torch.broadcast_module(model, strategy)                   # rank 0's initial state
+    grads = cluster.torch.DistributedGradients(model, strategy)       # hooks + buckets
+    for x, y in batches:
+        loss_fn(model(x), y).backward()   # bucketed all-reduces start during backward
+        grads.synchronize()               # p.grad = the mean over the tasks, in place
+        optimizer.step(); optimizer.zero_grad()
 
 - :class:`DistributedGradients`: gradient averaging overlapped with backward, ``no_sync()`` for
   accumulation, unused parameters handled (:mod:`cluster.torch._gradients`).

@@ -133,11 +133,13 @@ class _Bucket:
 class DistributedGradients:
     """Averages a module's gradients over every process of a strategy, overlapping backward.
 
-    >>> grads = DistributedGradients(model, strategy)          # doctest: +SKIP
-    >>> broadcast_module(model, strategy)                      # same start everywhere
-    >>> loss_fn(model(x), y).backward()                        # buckets start as grads are ready
-    >>> grads.synchronize()                                    # p.grad = the mean, in place
-    >>> optimizer.step(); optimizer.zero_grad()
+    In each task of a launched cluster (not a doctest: it needs the cluster)::
+
+        grads = DistributedGradients(model, strategy)
+        broadcast_module(model, strategy)                      # same start everywhere
+        loss_fn(model(x), y).backward()                        # buckets start as grads are ready
+        grads.synchronize()                                    # p.grad = the mean, in place
+        optimizer.step(); optimizer.zero_grad()
 
     Contract:
 

@@ -4,6 +4,7 @@ and exits 204; a restart resumes there with zero steps redone (through ``cluster
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import signal
@@ -87,6 +88,18 @@ def test_sigterm_defers_to_the_next_run_call_which_saves_and_exits(tmp_path) -> 
         np.testing.assert_array_equal(w2.numpy(), saved)
         assert opt2.iterations == 3
         assert not resumed.preemption_received
+
+
+def test_a_resume_is_logged_at_info_not_warning(tmp_path, caplog) -> None:
+    w, _, ckpt = _objects()
+    CheckpointManager(ckpt, tmp_path).save(checkpoint_number=7)
+    caplog.set_level(logging.DEBUG, logger="cluster.checkpoint")
+    with PreemptionCheckpointHandler(None, _objects()[2], tmp_path, exit_fn=_exit) as resumed:
+        assert resumed.total_run_calls == 7
+    resumes = [r for r in caplog.records if r.getMessage().startswith("resumed from ")]
+    assert [r.levelno for r in resumes] == [logging.INFO], caplog.text
+    assert resumes[0].getMessage().endswith("ckpt-7 at run call 7")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_close_redelivers_a_notice_that_was_not_acted_on(tmp_path) -> None:

@@ -43,6 +43,24 @@ def test_output_lines_go_to_the_log_and_the_last_line_is_the_cause(tmp_path: Pat
     assert (tmp_path / "worker-0.log").read_text() == "=== h ===\na\nlast\n"
 
 
+def test_a_native_log_line_written_last_is_logged_but_is_no_cause(tmp_path: Path) -> None:
+    grpc_line = ("E0000 00:00:1732790000.123456   12345 ev_epoll1_linux.cc:123] "
+                 "epoll_wait: Socket closed")
+    task = TaskProcess("worker", 0, tmp_path)
+    task.start([sys.executable, "-c", f"import sys; print('the bug', flush=True); "
+                f"print({grpc_line!r}, file=sys.stderr); sys.exit(3)"],
+               cwd=tmp_path, env={}, header="=== h ===")
+    ended = False
+    while not ended:
+        assert select.select([task.out_fd], [], [], 10)[0], "no output within 10 s"
+        ended = task.read()[1]
+    task.close_output()
+    assert task.reap() == 3
+    task.close()
+    assert task.cause() == "the bug"
+    assert (tmp_path / "worker-0.log").read_text() == f"=== h ===\nthe bug\n{grpc_line}\n"
+
+
 def test_launch_names_the_task_it_cannot_start(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "train.py").write_text("")
     path = tmp_path / "cluster.yaml"
