@@ -14,6 +14,8 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from cluster import _context  # the standard library only
+
 # Names resolved on first use (PEP 562), so `import cluster.ctl.cli` (clusterctl --help) does not
 # pay for grpc and numpy: importing every strategy takes ~2 s on a loaded 2-core machine.
 _SUBMODULES = ("coordinator", "metrics", "optimizers", "runtime")
@@ -100,6 +102,21 @@ __all__ = [
     "runtime",
     "optimizers",
 ]
+
+
+def _default_frame() -> _context.Frame:
+    """The default strategy's frame, built when a thread outside every strategy first needs it.
+
+    Installed here, in the package root, because Python runs this file before any module of the
+    package: every caller of :mod:`cluster._context` finds the default strategy whatever was
+    imported first, and the strategies are imported only then, not by ``import cluster``.
+    """
+    from cluster.strategies.default import default_frame
+
+    return default_frame()
+
+
+_context.set_default_frame(_default_frame)
 
 
 def __getattr__(name: str) -> Any:

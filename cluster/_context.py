@@ -5,9 +5,14 @@ cross-replica frame (``replica_context is None``); a replica thread started by `
 pushes a frame holding its :class:`~cluster.strategies.replica.ReplicaContext`. With an empty
 stack the thread is in the default strategy's default replica context, as in TensorFlow.
 
-This module sits below the strategies: it never imports them. The default strategy's frame is
-handed to it by :mod:`cluster.strategies.default` (:func:`set_default_frame`), and "is this the
-default strategy" is the strategy's own ``_is_default`` class attribute.
+This module sits below the strategies: it never imports them, and "is this the default
+strategy" is the strategy's own ``_is_default`` class attribute. The default strategy's frame
+comes from a factory that the package root (``cluster/__init__.py``) installs with
+:func:`set_default_frame`. Python runs the package root before any module of the package, so the
+factory is in place whatever the user imported first; it imports the strategies only when a
+thread outside every strategy first asks for the strategy or replica context object, so that
+``import cluster`` (and ``clusterctl``) stays cheap. :func:`has_strategy`,
+:func:`in_cross_replica_context` and :func:`in_default_context` answer from the stack alone.
 """
 
 from __future__ import annotations
@@ -46,17 +51,36 @@ class Frame:
 
 
 _local = threading.local()
-_default_frame: Callable[[], Frame] | None = None
+_default_lock = threading.Lock()
+_default_factory: Callable[[], Frame] | None = None
+_default: Frame | None = None
 
 
 def set_default_frame(factory: Callable[[], Frame]) -> None:
-    """Install ``factory``, which returns the frame of a thread outside every strategy.
+    """Install ``factory``, which builds the frame of a thread outside every strategy: the
+    default strategy in its default replica context.
 
-    Called once, by :mod:`cluster.strategies.default` when it is imported (``import cluster``
-    imports it); ``factory`` is called on each lookup, so it should cache its frame.
+    The package root installs it on ``import cluster``. ``factory`` is called once, when that
+    frame is first needed (by one thread, under a lock); every later lookup gets the same frame.
     """
-    global _default_frame
-    _default_frame = factory
+    global _default_factory, _default
+    with _default_lock:
+        _default_factory = factory
+        _default = None
+
+
+def _default_frame() -> Frame:
+    global _default
+    frame = _default
+    if frame is not None:
+        return frame
+    with _default_lock:
+        if _default is None:
+            if _default_factory is None:
+                raise RuntimeError("no default strategy factory: cluster/__init__.py installs it; "
+                                   "load cluster._context as part of the cluster package")
+            _default = _default_factory()
+        return _default
 
 
 def _stack() -> list[Frame]:
@@ -71,9 +95,6 @@ def current_frame() -> Frame:
     stack = _stack()
     if stack:
         return stack[-1]
-    if _default_frame is None:
-        raise RuntimeError("no default strategy is registered: import cluster (which imports "
-                           "cluster.strategies) before using the strategy context")
     return _default_frame()
 
 
@@ -96,7 +117,8 @@ def get_strategy() -> Strategy:
 
 def has_strategy() -> bool:
     """True inside a non-default strategy's scope or replica context."""
-    return not current_frame().strategy._is_default
+    stack = _stack()
+    return bool(stack) and not stack[-1].strategy._is_default
 
 
 def get_replica_context() -> ReplicaContext | None:
@@ -106,8 +128,10 @@ def get_replica_context() -> ReplicaContext | None:
 
 
 def in_cross_replica_context() -> bool:
-    """True inside ``strategy.scope()`` and outside ``strategy.run``."""
-    return current_frame().replica_context is None
+    """True inside ``strategy.scope()`` and outside ``strategy.run`` (outside every strategy
+    the thread is in the default replica context: False)."""
+    stack = _stack()
+    return bool(stack) and stack[-1].replica_context is None
 
 
 def in_default_context() -> bool:

@@ -1,8 +1,8 @@
 """The default strategy: what ``get_strategy()`` returns outside every scope (one replica, no
 distribution), and ``OneDeviceStrategy``, which places its single replica on one device.
 
-Importing this module registers the default strategy's frame with :mod:`cluster._context`,
-which sits below the strategies and so cannot import it.
+:mod:`cluster._context` sits below the strategies and so cannot import this module: the package
+root hands it :func:`default_frame` as a factory, called on first use.
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ def default_frame() -> _context.Frame:
     then shared) in its default replica context."""
     strategy = _DefaultStrategy()
     return _context.Frame(strategy, ReplicaContext(strategy, 0))
-
-
-_context.set_default_frame(default_frame)
 
 
 class _OneDeviceExtended(StrategyExtended):

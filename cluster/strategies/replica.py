@@ -20,7 +20,10 @@ from cluster.values import regroup, select_replica
 if TYPE_CHECKING:
     from cluster.strategies.base import Strategy
 
-__all__ = ["ReplicaContext", "call_for_each_replica"]
+__all__ = ["ReplicaContext", "all_reduce_any_op", "call_for_each_replica"]
+
+# The ops of tf.distribute.ReduceOp: what ReplicaContext.all_reduce accepts, as in TensorFlow.
+_TF_REDUCE_OPS = (ReduceOp.SUM, ReduceOp.MEAN)
 
 
 class ReplicaContext:
@@ -66,9 +69,17 @@ class ReplicaContext:
         return self._merge(self._local_index, merge_fn, args, kwargs)
 
     def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
-        """``reduce_op`` of ``value`` (a nest) over every replica; each replica gets the result."""
-        op = ReduceOp.parse(reduce_op)
-        return self.merge_call(_all_reduce, args=(op, value, options))
+        """``reduce_op`` of ``value`` (a nest) over every replica; each replica gets the result.
+
+        ``reduce_op`` is ``ReduceOp.SUM`` or ``ReduceOp.MEAN`` or their name in any case, as
+        ``tf.distribute.ReduceOp`` has only those two.
+
+        Raises:
+          ValueError: any other op (``"MAX"``, ``ReduceOp.MIN``, ``"PRODUCT"``...), naming SUM
+            and MEAN and where MAX/MIN are (:mod:`cluster.collectives`).
+          TypeError: ``reduce_op`` is neither a ``ReduceOp`` nor a string.
+        """
+        return all_reduce_any_op(self, _tf_reduce_op(reduce_op), value, options)
 
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
         """Concatenate ``value`` (a nest) of every replica along ``axis``, in replica order."""
@@ -77,6 +88,37 @@ class ReplicaContext:
     def __repr__(self) -> str:
         return (f"ReplicaContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
                 f"num_replicas_in_sync={self.num_replicas_in_sync})")
+
+
+def all_reduce_any_op(context: ReplicaContext, reduce_op: ReduceOp | str, value: Any,
+                      options: Any = None) -> Any:
+    """:meth:`ReplicaContext.all_reduce` for every :class:`ReduceOp`, ``MAX`` and ``MIN``
+    included: for this package's own callers that offer MAX/MIN inside ``strategy.run``
+    (``cluster.jax.all_reduce_tree``). Call it from ``context``'s replica, as ``all_reduce``.
+
+    Raises ``ValueError`` for an unknown op name, ``TypeError`` for anything else not an op.
+    """
+    op = ReduceOp.parse(reduce_op)
+    return context.merge_call(_all_reduce, args=(op, value, options))
+
+
+def _tf_reduce_op(reduce_op: Any) -> ReduceOp:
+    """``reduce_op`` as one of ``tf.distribute.ReduceOp``'s ops; ``ValueError`` for any other."""
+    try:
+        op = ReduceOp.parse(reduce_op)
+    except ValueError:
+        got = f"unknown reduce op {reduce_op!r}"
+    else:
+        if op in _TF_REDUCE_OPS:
+            return op
+        got = f"ReduceOp.{op.name}"
+    raise ValueError(
+        f"ReplicaContext.all_reduce supports ReduceOp.SUM and ReduceOp.MEAN (the ops of "
+        f"tf.distribute.ReduceOp), got {got}. For MAX or MIN use the collectives: "
+        "strategy.extended.collective_group.all_reduce(value, op=\"MAX\") outside strategy.run "
+        "(a cluster.collectives.CollectiveGroup, one rank per worker), or inside it "
+        "get_replica_context().all_gather(value[None], axis=0).max(axis=0)"
+    )
 
 
 def _all_reduce(strategy: Strategy, op: Any, value: Any, options: Any) -> Any:
