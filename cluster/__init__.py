@@ -44,11 +44,6 @@ _ATTRIBUTES = {
     "VariableSynchronization": "cluster.variables",
 }
 
-# The strategy context (get_strategy, variables, distributed values) works outside every scope
-# with the default strategy, which cluster.strategies.default registers when it is imported:
-# names from these modules import it first.
-_NEED_DEFAULT_STRATEGY = frozenset({"cluster._context", "cluster.variables", "cluster.values"})
-
 if TYPE_CHECKING:
     from cluster import coordinator, metrics, optimizers, runtime
     from cluster._context import (
@@ -129,8 +124,6 @@ def __getattr__(name: str) -> Any:
         if not name.startswith("_") and importlib.util.find_spec(f"cluster.{name}") is not None:
             return importlib.import_module(f"cluster.{name}")
         raise AttributeError(f"module 'cluster' has no attribute {name!r}")
-    if _ATTRIBUTES[name] in _NEED_DEFAULT_STRATEGY:
-        importlib.import_module("cluster.strategies.default")
     value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
     globals()[name] = value
     return value

@@ -33,8 +33,8 @@ def _exercise(transport, devices: list[str]):
     out["gather"] = strategy.gather(rows, axis=0).tolist()
     out["all_gather"] = [g.tolist() for g in strategy.experimental_local_results(strategy.run(
         lambda: cluster.get_replica_context().all_gather(np.full(int(rid()) + 1, rid()), 0)))]
-    out["all_reduce_max"] = [float(x) for x in strategy.experimental_local_results(strategy.run(
-        lambda: cluster.get_replica_context().all_reduce("MAX", rid())))]
+    out["all_reduce_mean"] = [float(x) for x in strategy.experimental_local_results(strategy.run(
+        lambda: cluster.get_replica_context().all_reduce("MEAN", rid())))]
     with strategy.scope():
         # different on every rank: rank 0's value must win everywhere
         v = cluster.Variable(np.float64(transport.rank + 10), name="v")
@@ -67,7 +67,7 @@ def test_multi_worker_reductions_variables_metrics_and_data(world, devices):
         assert r["mean_rows"] == pytest.approx(np.mean(rows))
         assert r["gather"] == rows
         assert r["all_gather"] == [rows] * len(devices)
-        assert r["all_reduce_max"] == [n - 1.0] * len(devices)
+        assert r["all_reduce_mean"] == [(n - 1) / 2] * len(devices)
         assert r["initial"] == [10.0] * len(devices)
         assert r["summed"] == [n * (n + 1) / 2] * len(devices)
         assert r["metric"] == pytest.approx((n - 1) / 2)

@@ -181,8 +181,9 @@ def test_replica_all_reduce_and_all_gather(two):
         np.reshape(rid(), [1]), axis=0))
     for g in two.experimental_local_results(gathered):
         np.testing.assert_array_equal(g, [0.0, 1.0])
-    maxed = two.run(lambda: cluster.get_replica_context().all_reduce("MAX", rid()))
-    assert two.experimental_local_results(maxed) == (1.0, 1.0)
+    # As tf.distribute.ReduceOp: a replica context reduces by SUM or MEAN only.
+    with pytest.raises(ValueError, match="SUM and ReduceOp.MEAN"):
+        two.run(lambda: cluster.get_replica_context().all_reduce("MAX", rid()))
     with pytest.raises(ValueError, match="unknown reduce op"):
         two.run(lambda: cluster.get_replica_context().all_reduce("PROD", 1.0))
 

@@ -195,7 +195,8 @@ def test_unknown_reduce_op_in_the_default_replica_context_raises_value_error():
     with pytest.raises(ValueError, match="unknown reduce op 'NOT_AN_OP'"):
         ctx().all_reduce("NOT_AN_OP", 1.0)
     assert ctx().all_reduce("sum", 1.0) == 1.0  # any case, as TF
-    assert ctx().all_reduce(cluster.ReduceOp.MIN, 2.0) == 2.0  # our extension stays
+    with pytest.raises(ValueError, match="SUM and ReduceOp.MEAN"):  # as tf.distribute.ReduceOp
+        ctx().all_reduce(cluster.ReduceOp.MIN, 2.0)
 
 
 # -- item 7: run's args must be a tuple or list --------------------------------------------------
