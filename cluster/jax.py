@@ -37,6 +37,7 @@ from cluster import _context
 from cluster._family import to_array
 from cluster.collectives.ops import ReduceOp, check_reducible
 from cluster.collectives.options import CommunicationOptions
+from cluster.strategies.replica import all_reduce_any_op
 
 __all__ = ["all_reduce_tree", "broadcast_tree"]
 
@@ -66,7 +67,7 @@ def all_reduce_tree(tree: Any, strategy: Any = None, op: ReduceOp | str = Reduce
     if replica is not None:
         # Inside strategy.run: one fused batch over every replica of every worker (the
         # strategy's own call, so its order with the strategy's other collectives is kept).
-        reduced = replica.all_reduce(parsed, list(leaves), options=options)
+        reduced = all_reduce_any_op(replica, parsed, list(leaves), options=options)
     else:
         group = _group(strategy, "all_reduce_tree")
         if group is None:  # one worker: each leaf is already the op over the workers

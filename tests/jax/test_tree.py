@@ -65,6 +65,20 @@ def test_inside_run_the_tree_is_reduced_over_every_replica() -> None:
         assert out["layers"][0].dtype == jnp.bfloat16 and out["scale"].shape == ()
 
 
+def test_inside_run_max_and_min_reach_every_replica() -> None:
+    # ReplicaContext.all_reduce takes SUM/MEAN only (as TF); all_reduce_tree offers all four ops.
+    strategy = cluster.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def replica_fn(op):
+        rid = cluster.get_replica_context().replica_id_in_sync_group
+        return cluster_jax.all_reduce_tree({"x": jnp.asarray([rid, -rid], jnp.float32)},
+                                           strategy, op=op)
+
+    for op, want in (("MAX", [1.0, 0.0]), ("MIN", [0.0, -1.0])):
+        for out in strategy.experimental_local_results(strategy.run(replica_fn, args=(op,))):
+            np.testing.assert_array_equal(out["x"], want)
+
+
 def test_misuse_is_refused_with_what_to_do() -> None:
     mirrored = cluster.MirroredStrategy(["/cpu:0", "/cpu:1"])
     other = cluster.OneDeviceStrategy("/cpu:0")
