@@ -22,7 +22,9 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "component_variable",
     "convert_for",
+    "full_name",
     "initial_array",
     "validate_options",
 ]
@@ -92,7 +94,7 @@ class Variable(metaclass=_VariableMeta):
         synchronization, aggregation, trainable = validate_options(
             synchronization, aggregation, trainable)
         self._value = initial_array(initial_value, dtype, shape)
-        self._name = _full_name(name)
+        self._name = full_name(name)
         self._trainable = trainable
         self._synchronization = synchronization
         self._aggregation = aggregation
@@ -228,7 +230,9 @@ def _unwrap(value: Any) -> Any:
     return value._read() if isinstance(value, Variable) else value
 
 
-def _full_name(name: str | None) -> str:
+def full_name(name: str | None) -> str:
+    """TensorFlow's variable name for ``name``: ``"w"`` is ``"w:0"``, ``None`` is
+    ``"Variable:0"``; ``ValueError`` for an empty or non-string name."""
     if name is None:
         return "Variable:0"
     if not isinstance(name, str) or not name:
@@ -301,3 +305,11 @@ def convert_for(variable: Any, value: Any, what: str) -> Any:
         array = array.astype(variable.dtype)
     return array
 
+
+def component_variable(array: Any, name: str) -> Variable:
+    """A plain :class:`Variable` named ``name`` holding ``array`` itself: no copy, no dtype
+    inference (the value is already final). What a distributed variable's components are."""
+    variable = object.__new__(Variable)
+    Variable.__init__(variable, lambda: array, name=name)
+    variable._value = array
+    return variable

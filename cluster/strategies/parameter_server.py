@@ -111,7 +111,7 @@ class ParameterServerExtended(StrategyExtended):
                          name: str | None = None, dtype: Any = None,
                          synchronization: Any = VariableSynchronization.AUTO,
                          aggregation: Any = None, shape: Any = None, **_: Any) -> PsVariable:
-        from cluster.variables import VariableAggregation, _full_name
+        from cluster.variables import VariableAggregation, full_name
 
         if not self._is_coordinator:
             raise RuntimeError(
@@ -128,7 +128,7 @@ class ParameterServerExtended(StrategyExtended):
             synchronization, aggregation, trainable)
         value = initial_array(initial_value, dtype, shape)
         value = value.get() if not isinstance(value, np.ndarray) else value
-        full = _full_name(name)
+        full = full_name(name)
         with self._lock:
             stored = self._stored_name(full)
             shards = self._placer.place(stored, value.shape, value.dtype)
