@@ -305,14 +305,14 @@ def strategy_for_config(config: StrategyConfig,
     if found is not None:
         return found
     from cluster import runtime
-    from cluster.settings import TaskSettings
+    from cluster import settings as task_settings
     from cluster.transport.auth import resolve_token
     from resolver import ClusterSpec, SimpleClusterResolver
 
     rt = runtime.current()
     # Outside a task process (no runtime) the token comes from this process's own settings.
     token = rt.token if rt is not None else resolve_token([a for _, a in config.ps_tasks],
-                                                           TaskSettings.from_env())
+                                                           task_settings.current())
     strategy = ParameterServerStrategy.__new__(ParameterServerStrategy)
     jobs: dict[str, dict[int, str]] = {}
     for task, address in (*config.ps_tasks, *config.worker_tasks):
