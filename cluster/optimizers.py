@@ -20,10 +20,10 @@ import numpy as np
 
 from cluster import _context
 from cluster._family import to_array, xp_of
+from cluster._ps_values import OptimizerSpec
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
 from cluster.collectives.epilogue import AddScaled
-from cluster.ps.store import OptimizerSpec
 from cluster.strategies import DistributedVariable
 from cluster.values import Mirrored
 from cluster.variables import Variable

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
+from cluster._ps_values import OptimizerSpec
 from cluster.cross_device_ops import ReductionToOneDevice
 from cluster.errors import TaskConfigError
 from cluster.ps.connections import PsConnections, connections_for
 from cluster.ps.partitioners import Partitioner, Placer
-from cluster.ps.store import OptimizerSpec
 from cluster.strategies._devices import parse_devices
 from cluster.strategies._ps_variables import (
     PsVariable,
