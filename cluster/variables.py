@@ -3,7 +3,7 @@
 Created outside any strategy it is a plain variable holding one NumPy (or CuPy) array. Created
 under ``strategy.scope()`` (or inside ``strategy.run``) the constructor returns that strategy's
 distributed variable instead (TensorFlow does the same through a metaclass): it asks the current
-strategy's ``extended._create_variable``. The distributed variables (``MirroredVariable``,
+strategy's ``extended.create_variable``. The distributed variables (``MirroredVariable``,
 ``SyncOnReadVariable``, ``CentralVariable``) live beside the strategies that make them and are
 exported by :mod:`cluster.strategies`; this module does not import them.
 """
@@ -54,7 +54,7 @@ class _VariableMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable and _context.has_strategy():
             strategy = _context.get_strategy()
-            return strategy.extended._create_variable(*args, **kwargs)
+            return strategy.extended.create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 

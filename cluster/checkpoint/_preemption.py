@@ -187,7 +187,7 @@ class PreemptionCheckpointHandler:
             self._notices = _notices_heard()
             return flag > 0.0 or bool(self._notices)
         with _context.push(strategy, None):
-            total = strategy.extended._reduce_to_host(ReduceOp.MAX, np.array(flag, np.float32))
+            total = strategy.extended.reduce_to_host(ReduceOp.MAX, np.array(flag, np.float32))
         return float(total) > 0.0
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

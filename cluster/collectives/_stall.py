@@ -151,7 +151,7 @@ def waiting_for(thread: int) -> str | None:
                 return str(local["self"].peers[local["local_rank"]])
             if code is Mailbox.get.__code__:
                 local = frame.f_locals
-                return local["self"]._describe_peer(local["src"])
+                return local["self"].describe_peer(local["src"])
         except (KeyError, IndexError, AttributeError):  # the frame is mid-way: no answer
             return None
         frame = frame.f_back

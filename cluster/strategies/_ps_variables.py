@@ -267,7 +267,7 @@ def refresh(variables: Sequence[PsVariable]) -> None:
 
 
 @dataclass
-class _Pending:
+class Pending:
     """Gradients of one push, grouped by ps task (``{ps: {stored name: rows}}``)."""
 
     by_ps: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)

@@ -159,7 +159,7 @@ class StrategyExtended(WorkerInfo):
             values = [value]
         return [to_array(v)[0] for v in values]
 
-    def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
+    def reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
         """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
 
         A plain value is every local replica's value for MEAN (its mean is itself, as TF's
@@ -171,7 +171,7 @@ class StrategyExtended(WorkerInfo):
         return self._cross_device_ops.batch_reduce_components(
             op, [components], self._num_replicas_in_sync, self._options)[0][0]
 
-    def _first_replica_value(self, value: Any) -> Any:
+    def first_replica_value(self, value: Any) -> Any:
         """Global replica 0's component of a leaf, on every worker."""
         first = self.local_components_any(value, "ONLY_FIRST_REPLICA")[0]
         return self._cross_device_ops.broadcast_from_first(first, self._options)
@@ -269,8 +269,8 @@ class StrategyExtended(WorkerInfo):
             out.append(r if keep else Mirrored(r) if len(r) > 1 else r[0])
         return out
 
-    def _reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
-                           options: CommunicationOptions | None = None) -> bool:
+    def reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
+                          options: CommunicationOptions | None = None) -> bool:
         """SUM each gradient of ``pairs`` over every replica and apply the elementwise
         ``update(value, summed)`` to its variable, in one collective that fuses the update into
         the reduction (:mod:`cluster.collectives.epilogue`). Returns False, having done
@@ -320,8 +320,8 @@ class StrategyExtended(WorkerInfo):
     def value_container(self, value: Any) -> Any:
         return value
 
-    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Variable]],
-                         aggregate: bool) -> int:
+    def apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Variable]],
+                        aggregate: bool) -> int:
         """Apply one update of ``optimizer`` to ``pairs`` (``(gradient, variable)``, variables of
         this strategy); returns the optimizer's new iteration count.
 
@@ -331,11 +331,17 @@ class StrategyExtended(WorkerInfo):
         """
         return optimizer._apply_in_replica_context(pairs, aggregate)
 
-    def _create_variable(self, initial_value: Any = None, trainable: bool | None = None,
-                         name: str | None = None, dtype: Any = None,
-                         synchronization: Any = VariableSynchronization.AUTO,
-                         aggregation: Any = None, shape: Any = None, *,
-                         _broadcast: bool = True) -> Variable:
+    def create_variable(self, initial_value: Any = None, trainable: bool | None = None,
+                        name: str | None = None, dtype: Any = None,
+                        synchronization: Any = VariableSynchronization.AUTO,
+                        aggregation: Any = None, shape: Any = None, *,
+                        broadcast: bool = True) -> Variable:
+        """A variable of this strategy (what ``cluster.Variable(...)`` under its scope makes):
+        mirrored or sync-on-read components, one per local replica, from global replica 0's
+        initial value (``broadcast=False``: each worker's own, for values the same everywhere,
+        such as an optimizer's zero slots). Inside ``strategy.run`` it is created once, in
+        cross-replica context. Raises ``ValueError`` as ``tf.Variable`` under a strategy does.
+        """
         aggregation = VariableAggregation.NONE if aggregation is None else aggregation
         context = _context.get_replica_context()
         if context is not None and context.strategy is self._container:
@@ -352,7 +358,7 @@ class StrategyExtended(WorkerInfo):
             )
         value = initial_array(initial_value, dtype, shape)
         self._check_aggregation_dtype(aggregation, value.dtype, full_name(name))
-        if _broadcast:
+        if broadcast:
             value = self._cross_device_ops.broadcast_from_first(value, self._options)
         return self._make_variable(value, name=full_name(name), trainable=trainable,
                                    synchronization=synchronization, aggregation=aggregation)
@@ -380,5 +386,5 @@ class StrategyExtended(WorkerInfo):
 def _create_in_merge(strategy: Any, initial_value, trainable, name, dtype, synchronization,
                      aggregation, shape) -> Variable:
     first = select_replica(0, initial_value)
-    return strategy.extended._create_variable(first, trainable, select_replica(0, name), dtype,
+    return strategy.extended.create_variable(first, trainable, select_replica(0, name), dtype,
                                               synchronization, aggregation, shape)

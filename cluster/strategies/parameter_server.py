@@ -33,10 +33,10 @@ from cluster.ps.connections import PsConnections, connections_for
 from cluster.ps.partitioners import Partitioner, Placer
 from cluster.strategies._devices import parse_devices
 from cluster.strategies._ps_variables import (
+    Pending,
     PsVariable,
     ShardedVariable,
     VariableSpec,
-    _Pending,
     current_scope,
 )
 from cluster.strategies.base import Strategy, StrategyExtended
@@ -107,10 +107,10 @@ class ParameterServerExtended(StrategyExtended):
         self._names.add(candidate)
         return candidate
 
-    def _create_variable(self, initial_value: Any = None, trainable: bool | None = None,
-                         name: str | None = None, dtype: Any = None,
-                         synchronization: Any = VariableSynchronization.AUTO,
-                         aggregation: Any = None, shape: Any = None, **_: Any) -> PsVariable:
+    def create_variable(self, initial_value: Any = None, trainable: bool | None = None,
+                        name: str | None = None, dtype: Any = None,
+                        synchronization: Any = VariableSynchronization.AUTO,
+                        aggregation: Any = None, shape: Any = None, **_: Any) -> PsVariable:
         from cluster.variables import VariableAggregation, full_name
 
         if not self._is_coordinator:
@@ -121,7 +121,7 @@ class ParameterServerExtended(StrategyExtended):
         context = _context.get_replica_context()
         if context is not None and context.strategy is self._container:
             return context.merge_call(
-                lambda strategy: strategy.extended._create_variable(
+                lambda strategy: strategy.extended.create_variable(
                     initial_value, trainable, name, dtype, synchronization, aggregation, shape))
         aggregation = VariableAggregation.NONE if aggregation is None else aggregation
         synchronization, aggregation, trainable = validate_options(
@@ -145,8 +145,8 @@ class ParameterServerExtended(StrategyExtended):
 
     # -- updates -------------------------------------------------------------------------------
 
-    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]],
-                         aggregate: bool) -> int:
+    def apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]],
+                        aggregate: bool) -> int:
         """Push the gradients to the parameter servers, which apply ``optimizer``'s rule there
         next to its slots; in any context (one replica per worker, so nothing to aggregate)."""
         optimizer.iterations += 1
@@ -159,7 +159,7 @@ class ParameterServerExtended(StrategyExtended):
         from cluster._family import to_array
 
         spec = OptimizerSpec.from_optimizer(optimizer)
-        pending = _Pending()
+        pending = Pending()
         for grad, variable in pairs:
             if not isinstance(variable, PsVariable) or variable._strategy is not self._container:
                 raise ValueError(
