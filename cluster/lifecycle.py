@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster import exitcodes
+from cluster import settings as task_settings
 from cluster.errors import AddressInUseError, ClusterError
 from cluster.settings import ENV_ERROR_FILE, TaskSettings
 from cluster.task_source import complete_tf_config
@@ -178,8 +179,9 @@ def report_startup_failure(program: str, exc: BaseException, code: int,
 
 
 def start_runtime(program: str, environ: MutableMapping[str, str], services: Any = None) -> Any:
-    """Read the task's settings from ``environ`` and start its runtime (``cluster.runtime``);
-    the process entry points' shared start-up.
+    """Read the task's settings from ``environ``, install them as the process's settings
+    (:func:`cluster.settings.install`) and start its runtime (``cluster.runtime``); the process
+    entry points' shared start-up.
 
     First the task's identity is completed (:mod:`cluster.task_source`: a ``TF_CONFIG`` without
     a task plus ``CLUSTER_TASK_TYPE``/``JOB_COMPLETION_INDEX`` on Kubernetes, or the cluster of
@@ -197,6 +199,7 @@ def start_runtime(program: str, environ: MutableMapping[str, str], services: Any
     except ClusterError as e:
         return report_startup_failure(program, e, exitcodes.EXIT_USAGE,
                                       environ.get(ENV_ERROR_FILE) or None)
+    task_settings.install(settings)
     try:
         found = complete_tf_config(environ)
     except ClusterError as e:

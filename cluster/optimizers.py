@@ -20,10 +20,10 @@ import numpy as np
 
 from cluster import _context
 from cluster._family import to_array, xp_of
+from cluster._ps_values import OptimizerSpec
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
 from cluster.collectives.epilogue import AddScaled
-from cluster.ps.store import OptimizerSpec
 from cluster.strategies import DistributedVariable
 from cluster.values import Mirrored
 from cluster.variables import Variable
@@ -62,7 +62,7 @@ class Optimizer:
             return self._apply_in_replica_context(pairs, experimental_aggregate_gradients)
         # The variables' strategy decides where the update happens (here, or on the parameter
         # servers for ParameterServerStrategy's variables).
-        return owner.extended._apply_gradients(self, pairs, experimental_aggregate_gradients)
+        return owner.extended.apply_gradients(self, pairs, experimental_aggregate_gradients)
 
     def _apply_in_replica_context(self, pairs: list[tuple[Any, Variable]],
                                   aggregate: bool) -> int:
@@ -80,7 +80,7 @@ class Optimizer:
         self._check_strategy(strategy, [v for _, v in pairs])
         fused = self._fused_update()
         if aggregate and not strategy._is_default and fused is not None \
-                and strategy.extended._reduce_and_update(pairs, fused):
+                and strategy.extended.reduce_and_update(pairs, fused):
             self.iterations += 1  # the update ran inside the reduction, once per element
             return self.iterations
         grads = [g for g, _ in pairs]
@@ -136,8 +136,8 @@ class Optimizer:
             return Variable(zeros, trainable=False, name=name)
         with strategy.scope():
             # Zeros are the same everywhere: no broadcast needed.
-            return strategy.extended._create_variable(zeros, trainable=False, name=name,
-                                                      _broadcast=False)
+            return strategy.extended.create_variable(zeros, trainable=False, name=name,
+                                                     broadcast=False)
 
     def get_slot(self, variable: Variable, slot_name: str) -> Variable:
         """The slot ``slot_name`` of ``variable`` (``KeyError`` before the first update)."""

@@ -17,6 +17,7 @@ import atexit
 import threading
 from collections.abc import Callable
 
+from cluster import settings as task_settings
 from cluster._placement import resolve_placement
 from cluster.errors import TaskConfigError
 from cluster.settings import TaskSettings
@@ -76,8 +77,9 @@ def start(resolver: ClusterResolver | None = None, *,
           settings: TaskSettings | None = None) -> TaskRuntime:
     """Start this process's task runtime, or return it if it already runs the same task.
 
-    ``resolver`` defaults to ``TFConfigClusterResolver()``; ``settings`` to
-    ``TaskSettings.from_env()`` (the one place the ``CLUSTER_*`` variables are read);
+    ``resolver`` defaults to ``TFConfigClusterResolver()``; ``settings`` to the process's
+    settings (:func:`cluster.settings.current`: what the entry point installed, else the
+    ``CLUSTER_*`` variables read once);
     ``connect_timeout`` overrides its ``connect_timeout`` (``CLUSTER_CONNECT_TIMEOUT``, default
     60 s) for peers and the collective handshake;
     ``services`` as for :class:`TaskRuntime` (ignored when the runtime already runs).
@@ -98,7 +100,7 @@ def start(resolver: ClusterResolver | None = None, *,
             raise TaskConfigError(
                 f"this process already runs {_current.task} at {_current.address}; it cannot "
                 f"also be {placement.task} at {placement.address}")
-        settings = settings or TaskSettings.from_env()
+        settings = settings or task_settings.current()
         if connect_timeout is not None:
             settings = settings.replace(connect_timeout=connect_timeout)
         placement = resolve_placement(resolver)

@@ -1,10 +1,12 @@
 """Every ``CLUSTER_*`` setting of a task, read from the environment once, at the edge.
 
-The process entry points (``python -m worker``, ``python -m ps``, :func:`cluster.runtime.start`)
-call :meth:`TaskSettings.from_env`; everything below them receives the frozen result (or the part
-it needs) as an argument and never reads ``os.environ`` itself (``tests/test_layers.py`` checks
-this). Bad values raise :class:`~cluster.errors.TaskConfigError` naming the variable, the value
-and what would be accepted::
+The process entry points (``python -m worker``, ``python -m ps`` through
+:func:`cluster.lifecycle.start_runtime`, the processes :mod:`cluster.testing` spawns) call
+:meth:`TaskSettings.from_env` once at start and :func:`install` the result as the process's
+settings; everything below them receives the frozen result (or the part it needs) as an
+argument, or asks :func:`current`, and never reads ``os.environ`` itself
+(``tests/test_layers.py`` checks this). Bad values raise :class:`~cluster.errors.TaskConfigError`
+naming the variable, the value and what would be accepted::
 
     settings = TaskSettings.from_env()                 # os.environ
     settings = TaskSettings.from_env({"CLUSTER_DATA_PLANE": "grpc"})
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +48,8 @@ __all__ = [
     "ENV_TOKEN",
     "ENV_VARS",
     "TaskSettings",
+    "current",
+    "install",
     "parse_seconds",
 ]
 
@@ -224,6 +229,51 @@ class TaskSettings:
         values["timeline"] = env.get(ENV_TIMELINE) or None
         values["steps_file"] = env.get(ENV_STEPS) or None
         return cls(**values)
+
+
+_installed: TaskSettings | None = None
+_installed_lock = threading.Lock()
+
+
+def install(settings: TaskSettings | None) -> TaskSettings | None:
+    """Make ``settings`` this process's settings (what :func:`current` returns); returns the
+    previous ones. A process entry point calls it once at start, before any library code asks::
+
+        settings.install(TaskSettings.from_env())
+
+    ``None`` forgets them, so that the next :func:`current` reads the environment again (tests
+    that change ``CLUSTER_*`` variables in-process).
+    """
+    global _installed
+    if settings is not None and not isinstance(settings, TaskSettings):
+        raise TypeError(f"install takes a TaskSettings (or None), got {settings!r}")
+    with _installed_lock:
+        previous, _installed = _installed, settings
+    return previous
+
+
+def current() -> TaskSettings:
+    """This process's settings: the library's one way to them below the entry points.
+
+    Contract: what an entry point passed to :func:`install`. When none did (user code run as
+    plain ``python train.py``, or a library imported by another program), the first call reads
+    the environment once (:meth:`TaskSettings.from_env`) and installs that, so every later
+    call, on any thread, returns the same object; later changes to ``os.environ`` are not seen.
+    A running task runtime's own settings (``cluster.runtime.current().settings``) are the
+    ones it was started with; the library prefers them where one runs.
+
+    Raises:
+        TaskConfigError: no settings were installed and a ``CLUSTER_*`` variable has a bad
+            value (nothing is installed then: the next call reads the environment again).
+    """
+    global _installed
+    found = _installed
+    if found is not None:
+        return found
+    with _installed_lock:
+        if _installed is None:
+            _installed = TaskSettings.from_env()
+        return _installed
 
 
 # (variable, default, meaning): the README's environment table is written from this list.

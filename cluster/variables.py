@@ -3,7 +3,7 @@
 Created outside any strategy it is a plain variable holding one NumPy (or CuPy) array. Created
 under ``strategy.scope()`` (or inside ``strategy.run``) the constructor returns that strategy's
 distributed variable instead (TensorFlow does the same through a metaclass): it asks the current
-strategy's ``extended._create_variable``. The distributed variables (``MirroredVariable``,
+strategy's ``extended.create_variable``. The distributed variables (``MirroredVariable``,
 ``SyncOnReadVariable``, ``CentralVariable``) live beside the strategies that make them and are
 exported by :mod:`cluster.strategies`; this module does not import them.
 """
@@ -22,7 +22,9 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "component_variable",
     "convert_for",
+    "full_name",
     "initial_array",
     "validate_options",
 ]
@@ -52,7 +54,7 @@ class _VariableMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable and _context.has_strategy():
             strategy = _context.get_strategy()
-            return strategy.extended._create_variable(*args, **kwargs)
+            return strategy.extended.create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
@@ -93,7 +95,7 @@ class Variable(metaclass=_VariableMeta):
         synchronization, aggregation, trainable = validate_options(
             synchronization, aggregation, trainable)
         self._value = initial_array(initial_value, dtype, shape)
-        self._name = _full_name(name)
+        self._name = full_name(name)
         self._trainable = trainable
         self._synchronization = synchronization
         self._aggregation = aggregation
@@ -229,7 +231,9 @@ def _unwrap(value: Any) -> Any:
     return value._read() if isinstance(value, Variable) else value
 
 
-def _full_name(name: str | None) -> str:
+def full_name(name: str | None) -> str:
+    """TensorFlow's variable name for ``name``: ``"w"`` is ``"w:0"``, ``None`` is
+    ``"Variable:0"``; ``ValueError`` for an empty or non-string name."""
     if name is None:
         return "Variable:0"
     if not isinstance(name, str) or not name:
@@ -302,3 +306,11 @@ def convert_for(variable: Any, value: Any, what: str) -> Any:
         array = array.astype(variable.dtype)
     return array
 
+
+def component_variable(array: Any, name: str) -> Variable:
+    """A plain :class:`Variable` named ``name`` holding ``array`` itself: no copy, no dtype
+    inference (the value is already final). What a distributed variable's components are."""
+    variable = object.__new__(Variable)
+    Variable.__init__(variable, lambda: array, name=name)
+    variable._value = array
+    return variable

@@ -1,4 +1,41 @@
-"""Dependencies point down only (DESIGN.md: layers)."""
+"""The layering rules of the repository, checked on the source with ``ast`` (nothing is imported).
+
+Layers, top to bottom; a module imports only from its own layer or below:
+
+1. user code (``train.py``) and ``clusterctl`` (``cluster/ctl/``, the command line that starts
+   processes with ``TF_CONFIG``);
+2. the process entry points ``worker/`` (``python -m worker``) and ``ps/`` (``python -m ps``), with
+   their gRPC servicers;
+3. ``cluster/``: strategies, variables, optimizers, data, checkpoints, the coordinator,
+   collectives and the transport (gRPC, auth, deadlines, health);
+4. ``resolver/``: ``TF_CONFIG`` / Slurm / explicit specs to a cluster spec and a task.
+
+The rules:
+
+- ``resolver/`` imports the standard library only (and itself).
+- ``cluster/`` never imports ``worker/`` or ``ps/``.
+- The environment (``os.environ``, ``os.getenv``/``putenv``/``environb``) is read only by
+  ``cluster/settings.py`` (``TaskSettings``, the one reader of the ``CLUSTER_*`` variables below
+  the entry points), by the entry points (``worker/``, ``ps/``, ``cluster/testing/`` for the
+  processes it spawns, ``cluster/ctl/``) and by ``resolver/``, which reads ``TF_CONFIG`` and
+  Slurm's variables whenever a method is called, as TensorFlow's resolvers do. Everything else
+  receives settings as arguments or asks ``cluster.settings.current()``.
+- ``grpc`` is imported only by ``cluster/transport/`` and the servicers (``worker/servicer.py``,
+  ``ps/servicer.py``): everything else talks to peers through the transport's clients, and the
+  collectives run the same over the in-process and the gRPC transport.
+- gRPC status codes are read (``.code()``, ``StatusCode.X`` outside a call that sets a status)
+  only in ``cluster/transport/_grpc_errors.py``, which maps them to the errors of
+  ``cluster/errors.py``; servicers may still produce a status (``context.abort(code, ...)``).
+- The transport (``cluster/transport/``) and the optimizers (``cluster/optimizers.py``) never
+  import ``cluster.ps``, the parameter server's store and placement: the value types they share
+  with it (``AssignMode``, ``OptimizerSpec``, ``Pulled``) live below all three, in
+  ``cluster/_ps_values.py``.
+- No module of ``cluster/``, ``worker/``, ``ps/`` or ``resolver/`` exceeds 600 lines (the
+  protoc-generated ``_pb/`` stubs aside): a module has one responsibility and is split by it
+  before it grows that long, never trimmed to fit.
+
+Private names (``_name``) stay inside the module that defines them: ``tests/test_private_names.py``.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +79,7 @@ def test_cluster_never_imports_process_entry_points(upper: str) -> None:
 
 
 # The process entry points may read the environment; below them, only cluster/settings.py does
-# (DESIGN.md: config read once at the edge). resolver/ reads TF_CONFIG and Slurm's variables by
+# (configuration is read once, at the edge). resolver/ reads TF_CONFIG and Slurm's variables by
 # contract (TF reads them on every call); cluster/ctl/ is the clusterctl command line;
 # cluster/testing/ is the entry point of the processes it spawns.
 _ENV_READERS = ("cluster/settings.py", "cluster/testing/", "cluster/ctl/", "worker/", "ps/",
@@ -83,8 +120,8 @@ def test_the_environment_check_finds_a_reader() -> None:
     assert _reads_environment(ast.parse("import os\nx = os.path.join('a')")) == []
 
 
-# gRPC stays at the edge (STYLE.md practice 1): the transport package and the servicers of the
-# process entry points. Everything else talks to peers through cluster/transport/'s clients.
+# gRPC stays at the edge: the transport package and the servicers of the process entry points.
+# Everything else talks to peers through cluster/transport/'s clients.
 _GRPC_USERS = ("cluster/transport/", "worker/servicer.py", "ps/servicer.py")
 
 
@@ -137,7 +174,7 @@ def test_the_status_code_check_finds_a_reader() -> None:
 
 
 def test_no_module_exceeds_600_lines() -> None:
-    """Modules have one job and a few hundred lines (STYLE.md); split before 600."""
+    """Modules have one job and a few hundred lines; split by responsibility before 600."""
     long = {}
     for package in ("cluster", "worker", "ps", "resolver"):
         for path in (REPO / package).rglob("*.py"):
@@ -148,3 +185,32 @@ def test_no_module_exceeds_600_lines() -> None:
             if lines > 600:
                 long[rel] = lines
     assert not long, f"split these modules: {long}"
+
+
+def _imported_modules(source: str) -> list[tuple[int, str]]:
+    """``(line, module)`` for every absolute import of ``source``, module names in full
+    (``from cluster.ps import store`` gives ``cluster.ps`` and ``cluster.ps.store``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def test_the_transport_and_the_optimizers_never_import_the_parameter_servers_store() -> None:
+    clients = [*sorted((REPO / "cluster" / "transport").rglob("*.py")),
+               REPO / "cluster" / "optimizers.py"]
+    offenders = [f"{path.relative_to(REPO)}:{line}: {module}"
+                 for path in clients for line, module in _imported_modules(path.read_text())
+                 if module == "cluster.ps" or module.startswith("cluster.ps.")]
+    assert not offenders, (
+        f"import the parameter server's value types from cluster._ps_values: {offenders}")
+
+
+def test_the_import_scan_sees_the_store() -> None:
+    source = "from cluster.ps import store\nimport cluster.ps.store\n"
+    assert _imported_modules(source) == [(1, "cluster.ps"), (1, "cluster.ps.store"),
+                                         (2, "cluster.ps.store")]

@@ -3,11 +3,15 @@ documentation's environment page (docs/guide/environment.md) lists every one."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from cluster import settings as task_settings
 from cluster.collectives.options import Algorithm, CollectivePath
 from cluster.errors import TaskConfigError
 from cluster.settings import ENV_VARS, TaskSettings
@@ -73,3 +77,74 @@ def test_seconds_must_be_finite(var: str, value: str) -> None:
         TaskSettings.from_env({var: value})
     with pytest.raises(ValueError, match="finite"):
         TaskSettings(**{var.removeprefix("CLUSTER_").lower(): float(value)})
+
+
+# -- the process's settings: cluster.settings.current() / install() ----------------------------
+
+@pytest.fixture
+def fresh_settings():
+    """Nothing installed during the test; what was installed before comes back after it."""
+    previous = task_settings.install(None)
+    yield
+    task_settings.install(previous)
+
+
+@pytest.mark.timeout(30)
+def test_current_reads_the_environment_once_when_no_entry_point_installed(
+        fresh_settings, monkeypatch) -> None:
+    monkeypatch.setenv("CLUSTER_DATA_PLANE", "grpc")
+    first = task_settings.current()
+    assert first.data_plane == "grpc"
+    monkeypatch.setenv("CLUSTER_DATA_PLANE", "tcp")  # read once: later changes are not seen
+    assert task_settings.current() is first
+
+
+@pytest.mark.timeout(30)
+def test_installed_settings_win_over_the_environment(fresh_settings, monkeypatch) -> None:
+    monkeypatch.setenv("CLUSTER_DATA_PLANE", "grpc")
+    mine = TaskSettings(connect_timeout=5.0)
+    assert task_settings.install(mine) is None
+    assert task_settings.current() is mine
+    assert task_settings.install(None) is mine
+    assert task_settings.current().data_plane == "grpc"  # forgotten: the environment again
+
+
+@pytest.mark.timeout(30)
+def test_install_takes_only_task_settings(fresh_settings) -> None:
+    with pytest.raises(TypeError, match="install takes a TaskSettings"):
+        task_settings.install({"connect_timeout": 5.0})  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_a_bad_variable_raises_and_installs_nothing(fresh_settings, monkeypatch) -> None:
+    monkeypatch.setenv("CLUSTER_DATA_PLANE", "carrier-pigeon")
+    with pytest.raises(TaskConfigError, match="CLUSTER_DATA_PLANE"):
+        task_settings.current()
+    monkeypatch.setenv("CLUSTER_DATA_PLANE", "grpc")
+    assert task_settings.current().data_plane == "grpc"
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_script_gets_the_environments_settings() -> None:
+    """``python train.py`` with no entry point: the library still sees ``CLUSTER_*``."""
+    script = ("from cluster import settings\n"
+              "s = settings.current()\n"
+              "assert settings.current() is s\n"
+              "print(s.data_plane, s.grace_period)\n")
+    env = {**os.environ, "CLUSTER_DATA_PLANE": "grpc", "CLUSTER_GRACE_PERIOD": "4"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=50, check=True)
+    assert out.stdout.split() == ["grpc", "4.0"]
+
+
+@pytest.mark.timeout(60)
+def test_the_entry_points_start_up_installs_the_settings_it_read(fresh_settings,
+                                                                  monkeypatch) -> None:
+    """``lifecycle.start_runtime`` (``python -m worker`` / ``ps``) installs what it read, even
+    when the task then cannot start."""
+    from cluster import lifecycle
+
+    environ = {"CLUSTER_DATA_PLANE": "grpc", "TF_CONFIG": "{not json"}
+    code = lifecycle.start_runtime("worker", environ)
+    assert isinstance(code, int) and code != 0
+    assert task_settings.current().data_plane == "grpc"

@@ -37,20 +37,20 @@ def group_strategy(variables: list[Any]) -> Any:
         # A distributed variable, or an external trackable naming its strategy.
         if isinstance(variable, DistributedVariable) or hasattr(variable, "_checkpoint_save"):
             strategy = variable._distribute_strategy
-            if strategy is not None and strategy.extended._num_workers > 1:
+            if strategy is not None and strategy.extended.num_workers > 1:
                 return strategy
     return None
 
 
 def is_writer(strategy: Any) -> bool:
     """Whether this task writes: no multi-worker strategy, or the chief (worker index 0)."""
-    return strategy is None or strategy.extended._worker_index == 0
+    return strategy is None or strategy.extended.worker_index == 0
 
 
 def _barrier(strategy: Any, flag: float) -> float:
     with _context.push(strategy, None):
-        return float(strategy.extended._reduce_to_host(ReduceOp.MEAN,
-                                                       np.array(flag, np.float32)))
+        return float(strategy.extended.reduce_to_host(ReduceOp.MEAN,
+                                                      np.array(flag, np.float32)))
 
 
 def write_as_group(strategy: Any, write: Callable[[], T], skip: Callable[[], T],
@@ -60,7 +60,7 @@ def write_as_group(strategy: Any, write: Callable[[], T], skip: Callable[[], T],
     if not is_writer(strategy):
         if _barrier(strategy, 0.0) != 0.0:
             raise PeerFailedError(
-                f"worker:{strategy.extended._worker_index}: the chief (worker 0) failed to "
+                f"worker:{strategy.extended.worker_index}: the chief (worker 0) failed to "
                 f"write {what}; see its error", task="worker:0")
         return skip()
     try:

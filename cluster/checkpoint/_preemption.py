@@ -67,11 +67,11 @@ import numpy as np
 
 import cluster.runtime
 from cluster import _context, exitcodes
+from cluster import settings as task_settings
 from cluster.checkpoint import _format
 from cluster.checkpoint.checkpoint import Checkpoint
 from cluster.checkpoint.manager import CheckpointManager
 from cluster.collectives.ops import ReduceOp
-from cluster.settings import TaskSettings
 
 __all__ = ["PreemptionCheckpointHandler"]
 
@@ -188,7 +188,7 @@ class PreemptionCheckpointHandler:
             self._notices = _notices_heard()
             return flag > 0.0 or bool(self._notices)
         with _context.push(strategy, None):
-            total = strategy.extended._reduce_to_host(ReduceOp.MAX, np.array(flag, np.float32))
+            total = strategy.extended.reduce_to_host(ReduceOp.MAX, np.array(flag, np.float32))
         return float(total) > 0.0
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -262,7 +262,7 @@ def _notices_heard() -> tuple[str, ...]:
 
 def _launcher_grace_period() -> float | None:
     """The grace period the launcher gave this task: its runtime's settings, else the
-    environment's (``CLUSTER_GRACE_PERIOD``), else ``None``."""
+    process's (:func:`cluster.settings.current`: ``CLUSTER_GRACE_PERIOD``), else ``None``."""
     runtime = cluster.runtime.current()
-    settings = runtime.settings if runtime is not None else TaskSettings.from_env()
+    settings = runtime.settings if runtime is not None else task_settings.current()
     return settings.grace_period

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from cluster._ps_values import OptimizerSpec
 from cluster.optimizers import Optimizer
 from cluster.ps.partitioners import Shard
-from cluster.ps.store import OptimizerSpec
 from cluster.strategies._ps_variables import PsVariable, refresh
 
 #: An entry's fields (``_trackables.Entry(*fields)``): name, dtype, shape, read, apply.

@@ -143,7 +143,7 @@ def _apply_variable(variable: Variable, array: np.ndarray) -> None:
         return
     components = variable.values
     if isinstance(variable, SyncOnReadVariable) and variable.aggregation is VariableAggregation.SUM:
-        first_worker = variable._distribute_strategy.extended._worker_index == 0
+        first_worker = variable._distribute_strategy.extended.worker_index == 0
         zeros = np.zeros_like(array)
         for i, component in enumerate(components):
             value = array if (first_worker and i == 0) else zeros

@@ -58,11 +58,11 @@ def _resolve() -> float:
     global _threshold, _resolved
     with _lock:
         if not _resolved:
-            from cluster.settings import TaskSettings  # not at import: settings import us
+            from cluster import settings as task_settings  # not at import: it imports us
 
             runtime_module = sys.modules.get("cluster.runtime")
             rt = runtime_module.current() if runtime_module is not None else None
-            settings = rt.settings if rt is not None else TaskSettings.from_env()
+            settings = rt.settings if rt is not None else task_settings.current()
             _threshold = settings.stall_warning
             _resolved = True
         return _threshold
@@ -151,7 +151,7 @@ def waiting_for(thread: int) -> str | None:
                 return str(local["self"].peers[local["local_rank"]])
             if code is Mailbox.get.__code__:
                 local = frame.f_locals
-                return local["self"]._describe_peer(local["src"])
+                return local["self"].describe_peer(local["src"])
         except (KeyError, IndexError, AttributeError):  # the frame is mid-way: no answer
             return None
         frame = frame.f_back

@@ -1,52 +1,37 @@
 """``CollectiveGroup``: the collectives of one group of ranks over a :class:`Transport`.
 
-Public methods validate their arguments, then hand over to ``_*_impl`` methods that only compute
-(TensorFlow's ``cross_device_ops`` split). Each public call is one collective with one sequence
-number and one deadline; any failure inside it aborts the whole group, so no rank is left waiting.
+Public methods validate and stage their arguments on the caller's thread, then hand over to the
+group's :class:`~cluster.collectives._engine.GroupEngine`, which only computes (TensorFlow's
+``cross_device_ops`` split: ``reduce()`` validates, ``reduce_implementation()`` works). Each
+public call is one collective with one sequence number and one deadline; any failure inside it
+aborts the whole group, so no rank is left waiting.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import functools
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cluster import timeline
 from cluster._family import Staged, is_cupy, stage, to_array
-from cluster.collectives import _jobs, _packing, _stall, kernels
-from cluster.collectives._buffers import BufferPool, working_copy
-from cluster.collectives._call import Call, CallCounter
-from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each, then
-from cluster.collectives.arena import ArenaLayout
-from cluster.collectives.epilogue import Update, apply_whole, check_apply
-from cluster.collectives.hierarchy import HostCollectives, leaders_all_reduce
-from cluster.collectives.network import NetworkCollectives
+from cluster.collectives import _jobs, kernels
+from cluster.collectives._engine import SETUP_SEQ, GroupEngine
+from cluster.collectives._jobs import Prepare, Prepared, identity, on_gpu, restore_each
+from cluster.collectives.epilogue import Update, check_apply
 from cluster.collectives.ops import ReduceOp, check_int, check_plain_dtype, check_reducible
-from cluster.collectives.options import (
-    CollectivePath,
-    CollectiveSettings,
-    CommunicationImplementation,
-    CommunicationOptions,
-)
-from cluster.collectives.route import Route, choose_route, hier_config, shm_config
-from cluster.collectives.schedule import segments
-from cluster.collectives.shared_memory import SharedMemoryCollectives
-from cluster.collectives.topology import Topology, discover
+from cluster.collectives.options import CollectiveSettings, CommunicationOptions
+from cluster.collectives.topology import Topology
 from cluster.collectives.work import CollectiveStream, Work
-from cluster.deadline import Deadline
 from cluster.transport.api import Transport
-from cluster.transport.subset import SubsetTransport
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_SHM_ROUND_BYTES",
     "DEFAULT_SHM_WHOLE_BYTES",
     "DEFAULT_SMALL_MESSAGE_BYTES",
+    "SETUP_SEQ",
     "CollectiveGroup",
 ]
 
@@ -63,9 +48,6 @@ A round's part per rank (this over the local ranks) is what a rank reduces, upda
 while it is hot: at 1 MiB per part or less it stays in a core's L2 here. Measured with ResNet-50's
 gradients through ``all_reduce_apply`` (fused SGD), 2 MiB rounds against 4 MiB: 28.5 against
 32.6-33.4 ms at N=2, 83 against 86 ms at N=4; 64 MiB ``all_reduce`` no slower."""
-
-SETUP_SEQ = 2**63 - 1
-"""The sequence number of the group's set-up collective (outside the numbering of calls)."""
 
 DEFAULT_SHM_WHOLE_BYTES: int | None = None
 """Shared-memory all-reduces up to this size let every rank reduce everything (one wait);
@@ -97,10 +79,20 @@ class CollectiveGroup:
       aborts the group on every rank; the transport then stays failed and later calls raise at
       once. Input is validated before the collective starts (:mod:`~cluster.collectives._jobs`):
       an input every rank rejects raises ``TypeError``/``ValueError`` there and keeps the group.
-    - Path and algorithm: :mod:`~cluster.collectives.route`. Co-located ranks use shared
-      memory (:mod:`~cluster.collectives.shared_memory`); across hosts all-reduces are
-      hierarchical (:mod:`~cluster.collectives.hierarchy`), the rest use the network
-      (:mod:`~cluster.collectives.network`: recursive doubling or the ring).
+    - Path (:func:`~cluster.collectives.route.choose_route`). Ranks that share a host
+      (:mod:`~cluster.collectives.topology`, set up by the group's first collective) talk
+      through shared memory (:mod:`~cluster.collectives.shared_memory`). A group on one host
+      runs every collective there; across hosts, all-reduces are hierarchical (reduce inside
+      each host, the network ring across one leader per host, broadcast inside:
+      :mod:`~cluster.collectives.hierarchy`) and the other collectives use the network
+      (:mod:`~cluster.collectives.network`). ``implementation=RING`` (group or call options),
+      ``settings.path=NETWORK`` or a forced ``settings.algorithm`` (``CLUSTER_COLLECTIVE_PATH``
+      / ``CLUSTER_COLLECTIVE_ALGORITHM`` through :class:`cluster.settings.TaskSettings`) put
+      everything on the network.
+    - Network algorithm (:func:`~cluster.collectives.route.network_algorithm`): recursive
+      doubling below ``small_message_bytes``, the pipelined ring above it;
+      ``implementation=RING`` always uses the ring, and ``settings.algorithm``
+      (``RING``/``DOUBLING``) overrides both.
     - ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts);
       ``shm_round_bytes`` / ``shm_whole_bytes`` tune the shared-memory algorithms;
       ``shm_single_copy`` (``None``: where local ranks outnumber cores) lets large all-reduces
@@ -121,7 +113,6 @@ class CollectiveGroup:
         shm_whole_bytes: int | None = DEFAULT_SHM_WHOLE_BYTES,
         shm_single_copy: bool | None = None,
         settings: CollectiveSettings | None = None,
-        _shared_memory: bool = True,
     ) -> None:
         if not isinstance(transport, Transport):
             raise TypeError(f"transport must be a cluster.transport.Transport, got {transport!r}")
@@ -143,28 +134,12 @@ class CollectiveGroup:
         self._transport = transport
         self._name = name
         self._options = options
-        self._small = small_message_bytes
-        self._chunk = chunk_bytes
-        self._settings = settings
-        self._calls = CallCounter(transport, name)
         self._stream = CollectiveStream(name)
-        self._buffers = BufferPool()
-        self._network = NetworkCollectives(
-            transport, name, settings=settings, small_message_bytes=small_message_bytes,
-            chunk_bytes=chunk_bytes, buffers=self._buffers,
+        self._engine = GroupEngine(
+            transport, name, options, settings=settings, small_message_bytes=small_message_bytes,
+            chunk_bytes=chunk_bytes, host_id=host_id, shm_round_bytes=shm_round_bytes,
+            shm_whole_bytes=shm_whole_bytes, shm_single_copy=shm_single_copy,
         )
-        self._host_id = host_id
-        self._round_bytes = shm_round_bytes
-        self._whole_bytes = shm_whole_bytes
-        self._single_copy = shm_single_copy
-        self._shared_memory = _shared_memory and settings.path is CollectivePath.AUTO
-        self._set_up = not _shared_memory  # an internal group (the leaders): network only
-        # Set by the set-up (the group's first collective):
-        self._topology: Topology | None = None
-        self._shm: SharedMemoryCollectives | None = None
-        self._leaders: CollectiveGroup | None = None
-        self._hosts: HostCollectives | None = None
-        self._routes: collections.Counter[str] = collections.Counter()
 
     @property
     def name(self) -> str:
@@ -186,16 +161,24 @@ class CollectiveGroup:
     def topology(self) -> Topology | None:
         """The group's hosts, once its first collective has set them up (``None`` when the
         group never uses shared memory)."""
-        return self._topology
+        return self._engine.topology
 
     @property
     def route_counts(self) -> dict[str, int]:
         """How many calls of each kind took each route so far, e.g. ``{"all_reduce/hier": 12,
         "broadcast/network": 1}`` (``hier``: shared memory inside each host, the network across
         the hosts' leaders): what proves which path a run really took."""
-        return dict(self._routes)
+        return self._engine.route_counts
 
-    # -- public collectives: validate, then _impl ------------------------------------------------
+    @property
+    def single_copy(self) -> bool | None:
+        """Whether large shared-memory all-reduces read co-located ranks' arrays in place
+        (``shm_single_copy``, as the set-up resolved it); ``None`` while the group has no
+        shared memory (before its first collective, or off that path)."""
+        shm = self._engine.shm
+        return None if shm is None else shm.single_copy
+
+    # -- public collectives: validate, then the engine ----------------------------------------
 
     def all_reduce(
         self,
@@ -284,7 +267,7 @@ class CollectiveGroup:
             arrays, flat = check_apply(values, targets, update)
             if self.world_size > 1:  # loading compiled loops is not the collective's time
                 kernels.load_for(update, sum(a.size for a in arrays))
-            return (lambda call: self._all_reduce_apply_impl(call, arrays, flat, parsed, update),
+            return (lambda call: self._engine.all_reduce_apply(call, arrays, flat, parsed, update),
                     identity)
 
         self._stream.run(self._job("all_reduce_apply", options, prepare, values))
@@ -312,7 +295,7 @@ class CollectiveGroup:
                 raise ValueError(
                     f"all_gather axis {axis} is out of range for a value of rank {array.ndim}"
                 )
-            return (lambda call: self._all_gather_impl(call, array, int(axis) % array.ndim),
+            return (lambda call: self._engine.all_gather(call, array, int(axis) % array.ndim),
                     staged.restore)
 
         return self._stream.run(self._job("all_gather", options, prepare, value))
@@ -333,7 +316,7 @@ class CollectiveGroup:
                 )
             staged = stage(value, "broadcast")
             check_plain_dtype(staged.array.dtype, "broadcast")
-            return (lambda call: self._broadcast_impl(call, staged.array, int(root)),
+            return (lambda call: self._engine.broadcast(call, staged.array, int(root)),
                     staged.restore)
 
         return self._stream.run(self._job("broadcast", options, prepare, value))
@@ -356,14 +339,14 @@ class CollectiveGroup:
             check_reducible(staged.array.dtype, "reduce_scatter")
             if staged.array.ndim == 0:
                 raise ValueError("reduce_scatter needs a value of rank >= 1 to split along axis 0")
-            return (lambda call: self._reduce_scatter_impl(call, staged.array, parsed),
+            return (lambda call: self._engine.reduce_scatter(call, staged.array, parsed),
                     staged.restore)
 
         return self._stream.run(self._job("reduce_scatter", options, prepare, value))
 
     def barrier(self, *, options: CommunicationOptions | None = None) -> None:
         """Return once every rank has entered this barrier."""
-        self._stream.run(self._job("barrier", options, lambda: (self._barrier_impl, identity)))
+        self._stream.run(self._job("barrier", options, lambda: (self._engine.barrier, identity)))
 
     def close(self) -> None:
         """End the group's stream thread once its queued collectives finished (each bounded by
@@ -379,20 +362,13 @@ class CollectiveGroup:
             parsed = ReduceOp.parse(op)
             if is_cupy(value):
                 check_reducible(value.dtype, "all_reduce")
-                return (lambda call: self._cupy_all_reduce(call, value, parsed)), identity
+                return (lambda call: self._engine.cupy_all_reduce(call, value, parsed)), identity
             staged = stage(value, "all_reduce")
             check_reducible(staged.array.dtype, "all_reduce")
-            return (lambda call: self._all_reduce_impl(call, staged.array, staged.owned, parsed),
+            return (lambda call: self._engine.all_reduce(call, staged.array, staged.owned, parsed),
                     staged.restore)
 
         return self._job("all_reduce", options, prepare, value)
-
-    def _cupy_all_reduce(self, call: Call, value: Any, op: ReduceOp) -> Any:
-        route = self._route(call, "all_reduce")
-        if self._shm is not None and route is not Route.NETWORK:  # NCCL inside the host
-            return self._host_path().device_all_reduce(call, route, value, op)
-        staged = stage(value, "all_reduce")
-        return staged.restore(self._all_reduce_impl(call, staged.array, staged.owned, op))
 
     def _all_reduce_many_job(self, values: Sequence[Any], op: ReduceOp | str,
                              options: CommunicationOptions | None,
@@ -412,189 +388,23 @@ class CollectiveGroup:
             restore = restore_each
             if in_place:
                 items, restore = _jobs.in_place(items, values, "all_reduce_many")
-            return (lambda call: self._all_reduce_many_run(call, items, parsed)), restore
+            return (lambda call: self._engine.all_reduce_many(call, items, parsed)), restore
 
         return self._job("all_reduce_many", options, prepare, values)
-
-    def _all_reduce_many_run(self, call: Call, items: list[Staged], op: ReduceOp) -> list[Any]:
-        route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
-        # CuPy values stay on their GPU where NCCL may carry them (the device route).
-        on_device = route is not Route.NETWORK and self._shm is not None
-        arrays, owned, restores = [], [], []
-        for item in items:
-            if is_cupy(item.array) and not on_device:
-                host = stage(item.array, "all_reduce_many")
-                item = Staged(host.array, True, then(host.restore, item.restore))
-            arrays.append(item.array)
-            owned.append(item.owned)
-            restores.append(item.restore)
-        return list(zip(restores, self._all_reduce_many_impl(call, route, arrays, owned, op),
-                        strict=True))
 
     def _job(self, kind: str, options: CommunicationOptions | None, prepare: Prepare,
              value: Any = None) -> Callable[[], Any]:
         """Validate now, run later: see :func:`~cluster.collectives._jobs.job`. ``value`` names
         the call's shape on the timeline."""
         return _jobs.job(kind, options, prepare,
-                         collective=functools.partial(self._collective, value=value),
+                         collective=functools.partial(self._engine.collective, value=value),
                          reject=self._reject)
 
     def _reject(self, kind: str, options: Any, error: Exception) -> Any:
         """Raise ``error``, keeping the group: see :func:`~cluster.collectives._jobs.reject`."""
         _jobs.reject(kind, options, error, world_size=self.world_size,
-                     collective=self._collective, barrier=self._barrier_impl)
+                     collective=self._engine.collective, barrier=self._engine.barrier)
 
     def _submit(self, kind: str, job: Callable[[], Any]) -> Work:
         me = self._transport.peers[self.rank]
         return self._stream.submit(job, f"{kind} of group {self._name!r} on {me}")
-
-    # -- implementations: route, then the network or the host path -----------------------------
-
-    def _all_reduce_impl(
-        self, call: Call, array: np.ndarray, owned: bool, op: ReduceOp
-    ) -> np.ndarray:
-        if self.world_size == 1:
-            return working_copy(array, owned).reshape(array.shape)
-        route = self._route(call, "all_reduce")
-        if route is Route.NETWORK:
-            work = self._network.all_reduce(call, array, owned, op)
-        else:
-            work = self._host_path().all_reduce(call, route, array, owned, op)
-        return work.reshape(array.shape)
-
-    def _all_reduce_many_impl(
-        self, call: Call, route: Route, arrays: list[Any], owned: list[bool], op: ReduceOp
-    ) -> list[Any]:
-        host = [i for i, a in enumerate(arrays) if not is_cupy(a)]
-        packs = _packing.plan_packs(
-            [(arrays[i].dtype, arrays[i].nbytes) for i in host], call.options.bytes_per_pack
-        )
-        plan = [[host[j] for j in pack] for pack in packs]  # indices into ``arrays``
-        if route is not Route.NETWORK:
-            return self._host_path().all_reduce_many(call, route, arrays, owned, plan, op)
-        return self._network.all_reduce_many(call, arrays, owned, plan, op)
-
-    def _all_reduce_apply_impl(self, call: Call, arrays: list[np.ndarray],
-                               targets: list[np.ndarray], op: ReduceOp, update: Update) -> None:
-        if self.world_size == 1:
-            for array, target in zip(arrays, targets, strict=True):  # op of one value: itself
-                apply_whole(update, target, np.array(array, order="C"))  # scratch: a copy
-            return
-        packs = _packing.plan_packs([(a.dtype, a.nbytes) for a in arrays],
-                                    call.options.bytes_per_pack)
-        route = self._route(call, "all_reduce")
-        if route is Route.NETWORK:
-            self._network.all_reduce_apply(call, arrays, targets, packs, op, update)
-        else:
-            self._host_path().all_reduce_apply(call, route, arrays, targets, packs, op, update)
-
-    def _all_gather_impl(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:
-        if self.world_size == 1:
-            return np.array(array, order="C", copy=True)
-        if self._route(call, "all_gather") is Route.LOCAL:
-            return self._host_path().all_gather(call, array, axis)
-        return self._network.all_gather(call, array, axis)
-
-    def _broadcast_impl(self, call: Call, array: np.ndarray, root: int) -> np.ndarray:
-        if self.world_size == 1 or self.rank == root:
-            work = np.array(array, order="C", copy=True).reshape(-1)
-        else:
-            work = np.empty(array.size, dtype=array.dtype)
-        if self.world_size > 1:
-            if self._route(call, "broadcast") is Route.LOCAL:
-                self._host_path().broadcast(call, array, work, root)
-            else:
-                self._network.broadcast(call, array, work, root)
-        return work.reshape(array.shape)
-
-    def _reduce_scatter_impl(self, call: Call, array: np.ndarray, op: ReduceOp) -> np.ndarray:
-        rest = array.shape[1:]
-        row_elems = math.prod(rest)
-        rows = segments(array.shape[0], self.world_size)
-        bounds = [(a * row_elems, b * row_elems) for a, b in rows]
-        if self.world_size == 1:
-            work = working_copy(array, owned=False)
-        elif self._route(call, "reduce_scatter") is Route.LOCAL:
-            work = self._host_path().reduce_scatter(call, array, bounds, op)
-        else:
-            work = self._network.reduce_scatter(call, array, bounds, op)
-        lo, hi = bounds[self.rank]
-        a, b = rows[self.rank]
-        return work[lo:hi].reshape((b - a, *rest)).copy()
-
-    def _barrier_impl(self, call: Call, signature: str | None = None) -> None:
-        if self.world_size == 1:
-            return
-        if self._route(call, "barrier") is Route.LOCAL:
-            self._host_path().barrier(call, signature or "barrier shm")
-        else:
-            self._network.barrier(call, signature or "barrier")
-
-    # -- set-up, routes and the leaders ----------------------------------------------------------
-
-    def _set_up_hosts(self, deadline: Deadline) -> None:
-        """Find the group's hosts and map their arenas: an exchange of its own (sequence number
-        :data:`SETUP_SEQ`) inside every rank's first collective, so at the same point
-        everywhere. Ranks configured differently (path, implementation) fail it with a mismatch.
-        """
-        self._set_up = True
-        if self.world_size == 1:
-            return
-        wanted = (self._shared_memory
-                  and self._options.implementation is not CommunicationImplementation.RING)
-        topology, arena = discover(
-            self._transport, group=self._name, seq=SETUP_SEQ, deadline=deadline,
-            layout_for=lambda n: ArenaLayout(n, self._round_bytes), host_id=self._host_id,
-            shared_memory=wanted,
-        )
-        self._topology = topology
-        if arena is not None:
-            self._shm = SharedMemoryCollectives(arena, whole_bytes=self._whole_bytes,
-                                                single_copy=self._single_copy)
-            self._network.arena = arena
-            self._calls.on_abort.append(arena.abort)
-        if not topology.single_host and topology.shares_memory and self.rank in topology.leaders:
-            self._leaders = CollectiveGroup(
-                SubsetTransport(self._transport, topology.leaders), f"{self._name}/hosts",
-                self._options, small_message_bytes=self._small, chunk_bytes=self._chunk,
-                settings=self._settings, _shared_memory=False,
-            )
-        configs = {
-            Route.LOCAL: shm_config(self._round_bytes, self._whole_bytes),
-            Route.HIER: hier_config(topology, self._round_bytes, self._whole_bytes,
-                                    self._network.algorithm_config(self._options)),
-        }
-        self._hosts = HostCollectives(
-            self._shm, self._network, configs=configs, world_size=self.world_size,
-            across_leaders=None if self._leaders is None else functools.partial(
-                leaders_all_reduce, self._leaders, self.world_size),
-            buffers=self._buffers,
-        )
-
-    def _route(self, call: Call, kind: str) -> Route:
-        """This call's route (:func:`~cluster.collectives.route.choose_route`): a function of
-        the group's set-up and the call's options only."""
-        route = choose_route(self._topology, self._settings, call.options, kind)
-        self._routes[f"{kind}/{route.value}"] += 1
-        return route
-
-    def _host_path(self) -> HostCollectives:
-        """The ``LOCAL``/``HIER`` collectives; only those routes call it, and they are only
-        chosen once the hosts are set up."""
-        assert self._hosts is not None
-        return self._hosts
-
-    @contextlib.contextmanager
-    def _collective(self, kind: str, options: CommunicationOptions | None,
-                    value: Any = None) -> Iterator[Call]:
-        """Number the call and start its deadline; any error inside aborts the group. The
-        group's first call sets up its hosts first (failures there are that call's). The call
-        is a span of the timeline (:mod:`cluster.timeline`: ``value`` names its shape), watched
-        for stalls (:mod:`~cluster.collectives._stall`)."""
-        with self._calls.call(kind, self._options if options is None else options) as call, \
-                timeline.collective(call, self._name, value), \
-                _stall.watch(call, self._name, self._transport, value):
-            if not self._set_up:
-                self._set_up_hosts(call.deadline)
-            yield call
-

@@ -36,35 +36,16 @@ from cluster.collectives._packing import spec
 from cluster.collectives.epilogue import Update, apply_whole
 from cluster.collectives.host_nccl import HostNccl
 from cluster.collectives.network import NetworkCollectives
-from cluster.collectives.ops import ReduceOp, check_reducible, finalize
-from cluster.collectives.options import CommunicationOptions
+from cluster.collectives.ops import ReduceOp, check_reducible
 from cluster.collectives.route import Route
 from cluster.collectives.schedule import Range
 from cluster.collectives.shared_memory import SharedMemoryCollectives
 
-__all__ = ["AcrossLeaders", "HostCollectives", "leaders_all_reduce"]
+__all__ = ["AcrossLeaders", "HostCollectives"]
 
 AcrossLeaders = Callable[[Call, np.ndarray, ReduceOp], None]
 """On a host's leader: all-reduce the host's flat total in place across the leaders, then
 apply MEAN's division over the whole group (the group's part of the ``HIER`` route)."""
-
-
-def leaders_all_reduce(leaders: Any, world_size: int, call: Call, work: np.ndarray,
-                       op: ReduceOp) -> None:
-    """The :data:`AcrossLeaders` of a group of ``world_size`` ranks whose host leaders form the
-    group ``leaders`` (a :class:`~cluster.collectives.group.CollectiveGroup`): all-reduce the
-    host's flat total ``work`` in place across the leaders (the network ring, within what is
-    left of ``call``'s deadline), then apply MEAN's division over the whole group once."""
-    timeout = call.deadline.timeout()
-    options = CommunicationOptions(
-        call.options.bytes_per_pack,
-        None if timeout is None else max(timeout, 1e-3),
-        call.options.implementation,
-    )
-    inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-    with leaders._collective("all_reduce", options, work) as inner_call:
-        leaders._all_reduce_impl(inner_call, work, True, inner)
-    finalize(op, work, world_size)
 
 
 _ByDtype = dict[np.dtype, tuple[list[np.ndarray], list[np.ndarray]]]

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from cluster._ps_values import Pulled
 from cluster.errors import PeerUnavailableError, PsUnavailableError
-from cluster.ps.store import Pulled
 from cluster.transport import _malloc
 from cluster.transport.auth import Token
 from cluster.transport.ps_client import DEFAULT_TIMEOUT, PsClient

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster._family import xp_of
+from cluster._ps_values import AssignMode
 from cluster.ps.partitioners import Shard
-from cluster.ps.store import AssignMode
 from cluster.variables import Variable, VariableAggregation, VariableSynchronization, convert_for
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ def refresh(variables: Sequence[PsVariable]) -> None:
 
 
 @dataclass
-class _Pending:
+class Pending:
     """Gradients of one push, grouped by ps task (``{ps: {stored name: rows}}``)."""
 
     by_ps: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)

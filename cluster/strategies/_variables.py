@@ -146,9 +146,9 @@ class MirroredVariable(DistributedVariable):
 def _merge_update(strategy: Strategy, variable: MirroredVariable, kind: str, value: Any) -> None:
     extended = strategy.extended
     if variable.aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-        combined = extended._first_replica_value(value)
+        combined = extended.first_replica_value(value)
     else:
-        combined = extended._reduce_to_host(reduce_op_for(variable.aggregation, variable.name),
+        combined = extended.reduce_to_host(reduce_op_for(variable.aggregation, variable.name),
                                             value)
     for component in variable.values:
         variable._apply_to(component, kind, combined)
@@ -165,7 +165,7 @@ class SyncOnReadVariable(DistributedVariable):
             return self._values[0]._read()
         op = reduce_op_for(self._aggregation, self.name)
         with _context.push(self._strategy, None):
-            return self._strategy.extended._reduce_to_host(op, self._per_replica())
+            return self._strategy.extended.reduce_to_host(op, self._per_replica())
 
     def _per_replica(self) -> Any:
         reads = [c._read() for c in self._values]
@@ -202,10 +202,10 @@ class CentralVariable(DistributedVariable):
             return
         extended = self._strategy.extended
         if self._aggregation is VariableAggregation.NONE:
-            if extended._local_count > 1:
+            if extended.num_local_replicas > 1:
                 raise ValueError(
                     f"{kind} on {self.name} in replica context needs an aggregation with "
-                    f"{extended._local_count} replicas; create the variable with "
+                    f"{extended.num_local_replicas} replicas; create the variable with "
                     "aggregation=VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA"
                 )
             self._apply_to(self._values[0], kind, value)

@@ -1,8 +1,10 @@
-"""``Strategy`` and ``StrategyExtended``: what every strategy shares (``tf.distribute.Strategy``).
+"""``Strategy``: what every strategy shares (``tf.distribute.Strategy``).
 
-A strategy owns a tuple of local devices (one replica each) and cross-device ops. Subclasses
-choose the devices, the ops and the variable kind; everything else is here: scopes, ``run``,
-``reduce``, ``gather``, datasets, variable creation and updates.
+A strategy owns a tuple of local devices (one replica each) and cross-device ops, held by its
+device-level half, :class:`~cluster.strategies.extended.StrategyExtended` (``strategy.extended``:
+components, reductions, variable creation and updates). Subclasses choose the devices, the ops
+and the variable kind; the user-facing half is here: scopes, ``run``, ``reduce``, ``gather`` and
+datasets.
 """
 
 from __future__ import annotations
@@ -14,19 +16,13 @@ from typing import Any
 import numpy as np
 
 from cluster import _context, _nest, timeline
-from cluster._family import is_cupy, restore_for, to_array, to_host, xp_of
+from cluster._family import restore_for, to_host, xp_of
 from cluster.collectives.ops import ReduceOp
-from cluster.collectives.options import CommunicationOptions
-from cluster.cross_device_ops import CrossDeviceOps, finish_mean
+from cluster.cross_device_ops import finish_mean
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
-from cluster.strategies._accessors import WorkerInfo, shared_tensor_error
-from cluster.strategies._checks import is_floating, require_cross_replica
-from cluster.strategies._devices import Device
-from cluster.strategies._variables import (
-    DistributedVariable,
-    MirroredVariable,
-    SyncOnReadVariable,
-)
+from cluster.strategies._checks import require_cross_replica
+from cluster.strategies._leaves import check_gather_rank, first_component
+from cluster.strategies.extended import StrategyExtended
 from cluster.strategies.replica import call_for_each_replica
 from cluster.values import (
     DistributedValues,
@@ -36,14 +32,7 @@ from cluster.values import (
     regroup,
     select_replica,
 )
-from cluster.variables import (
-    Variable,
-    VariableAggregation,
-    VariableSynchronization,
-    _full_name,
-    initial_array,
-    validate_options,
-)
+from cluster.variables import Variable
 
 __all__ = ["Strategy", "StrategyExtended", "ValueContext"]
 
@@ -58,354 +47,6 @@ class ValueContext:
     def __repr__(self) -> str:
         return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
                 f"num_replicas_in_sync={self.num_replicas_in_sync})")
-
-
-class StrategyExtended(WorkerInfo):
-    """The device-level half of a strategy (``strategy.extended``); who this process is in it
-    (``worker_index``, ``num_workers``, ``is_chief``, ...): :class:`WorkerInfo`."""
-
-    def __init__(
-        self,
-        container_strategy: Strategy,
-        devices: Sequence[Device],
-        cross_device_ops: CrossDeviceOps,
-        *,
-        num_workers: int = 1,
-        worker_index: int = 0,
-        options: CommunicationOptions | None = None,
-    ) -> None:
-        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
-            raise TypeError(
-                f"cross_device_ops must be a cluster.cross_device_ops.CrossDeviceOps, got "
-                f"{cross_device_ops!r}"
-            )
-        self._container = container_strategy
-        self._devices = tuple(devices)
-        self._local_count = len(self._devices)
-        self._cross_device_ops = cross_device_ops
-        self._num_workers = num_workers
-        self._worker_index = worker_index
-        self._first_replica_id = worker_index * self._local_count
-        self._options = options
-
-    # -- devices -------------------------------------------------------------------------------
-
-    @property
-    def worker_devices(self) -> tuple[str, ...]:
-        return tuple(str(d) for d in self._devices)
-
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        return self.worker_devices
-
-    @property
-    def _num_replicas_in_sync(self) -> int:
-        return self._num_workers * self._local_count
-
-    def _device_scope(self, index: int) -> contextlib.AbstractContextManager:
-        device = self._devices[index]
-        if device.is_gpu:
-            import cupy  # optional (extra 'gpu'): only GPU replicas need it
-
-            return cupy.cuda.Device(device.index)
-        return contextlib.nullcontext()
-
-    def _place(self, index: int, array: Any) -> Any:
-        """A copy of ``array`` on local replica ``index``'s device."""
-        device = self._devices[index]
-        if device.is_gpu:
-            import cupy  # optional (extra 'gpu'): only GPU replicas need it
-
-            with cupy.cuda.Device(device.index):
-                return cupy.array(array, copy=True)
-        return np.array(array.get() if hasattr(array, "get") else array, copy=True)
-
-    # -- components ------------------------------------------------------------------------------
-
-    def _components(self, value: Any, what: str) -> list[Any]:
-        """The local components of a leaf as arrays; a plain value serves a single replica."""
-        if isinstance(value, DistributedValues):
-            if len(value.values) != self._local_count:
-                check_component_counts(value, self._local_count, what)
-            values = [v._read() if isinstance(v, Variable) else v for v in value.values]
-        elif isinstance(value, Variable):
-            values = [value._read()]
-        else:
-            if self._local_count != 1:
-                if _is_shared_tensor(value):
-                    raise shared_tensor_error(f"reduce {what}", value, self._local_count)
-                raise ValueError(
-                    f"A non-DistributedValues value {value!r:.60} cannot be reduced with "
-                    f"{what} over {self._local_count} local replicas; pass the PerReplica value "
-                    "that strategy.run returned"
-                )
-            values = [value]
-        return [to_array(v)[0] for v in values]
-
-    def _reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
-        """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
-
-        A plain value is every local replica's value for MEAN (its mean is itself, as TF's
-        ``reduce_non_distributed_value``); SUM of it needs a single local replica."""
-        if op is ReduceOp.MEAN:
-            components = self._components_any(value, op.value)
-        else:
-            components = self._components(value, op.value)
-        return self._cross_device_ops.batch_reduce_components(
-            op, [components], self._num_replicas_in_sync, self._options)[0][0]
-
-    def _first_replica_value(self, value: Any) -> Any:
-        """Global replica 0's component of a leaf, on every worker."""
-        first = self._components_any(value, "ONLY_FIRST_REPLICA")[0]
-        return self._cross_device_ops.broadcast_from_first(first, self._options)
-
-    def _all_reduce_nest(self, op: ReduceOp, value: Any, options: Any) -> Any:
-        leaves = _nest.flatten(value)
-        if not leaves:
-            return value
-        # A plain leaf (1.5, a NumPy array) is each replica's own value, as in TF, where it
-        # becomes one tensor per replica: SUM over 2 replicas of 1.5 is 3.0.
-        for leaf in leaves:
-            if self._local_count > 1 and _is_shared_tensor(leaf):
-                raise shared_tensor_error("all_reduce", leaf, self._local_count)
-        comps = [self._components_any(leaf, f"all_reduce {op.value}") for leaf in leaves]
-        reduced = self._cross_device_ops.batch_reduce_components(
-            op, comps, self._num_replicas_in_sync, _options(options, self._options))
-        out = []
-        for leaf, per_replica in zip(leaves, reduced, strict=True):
-            restore = restore_for(_first(leaf))
-            results = [restore(r) for r in self._hand_out(per_replica)]
-            out.append(Mirrored(results) if len(results) > 1 else results[0])
-        return _nest.pack_sequence_as(value, out)
-
-    def _hand_out(self, per_replica: Sequence[Any]) -> list[Any]:
-        """The ops' fresh results (see ``CrossDeviceOps.batch_reduce_components``), one array of
-        its own per local replica: a result is given out as is to the first replica on its
-        device; repeats (one array serving several replicas) and results on another device are
-        copied, once per replica's device."""
-        given: set[int] = set()
-        out = []
-        for i, r in enumerate(per_replica):
-            if id(r) in given or not self._on_device(i, r):
-                r = self._place(i, r)
-            given.add(id(r))
-            out.append(r)
-        return out
-
-    def _on_device(self, index: int, array: Any) -> bool:
-        device = self._devices[index]
-        if device.is_gpu:
-            return is_cupy(array) and array.device.id == device.index
-        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
-
-    def _all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
-        out = []
-        for leaf in _nest.flatten(value):
-            comps = self._components_any(leaf, "all_gather")
-            _check_gather_rank(comps, axis)
-            gathered = self._cross_device_ops.gather_components(
-                comps, axis, _options(options, self._options))
-            restore = restore_for(_first(leaf))
-            copies = [restore(self._place(i, gathered)) for i in range(self._local_count)]
-            out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
-        return _nest.pack_sequence_as(value, out)
-
-    def _components_any(self, value: Any, what: str) -> list[Any]:
-        """Components of a leaf; a plain value counts as the same value on every replica."""
-        if isinstance(value, DistributedValues):
-            return self._components(value, what)
-        array = to_array(value._read() if isinstance(value, Variable) else value)[0]
-        return [array] * self._local_count
-
-    # -- TensorFlow's public extended API -------------------------------------------------------
-
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None,
-                  options: CommunicationOptions | None = None) -> Any:
-        """``reduce_op`` of ``value`` over every replica: Mirrored (plain with one replica)."""
-        return self.batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
-
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
-                        options: CommunicationOptions | None = None) -> list[Any]:
-        """``reduce_to`` of many values in one collective (fused into ``bytes_per_pack`` packs).
-
-        As in TF: a plain (non-distributed) value is every replica's value, so MEAN returns it
-        and SUM needs a single local replica (``ValueError`` otherwise).
-
-        Raises:
-          RuntimeError: called inside ``strategy.run`` (use ``merge_call``), or under another
-            strategy's scope.
-          ValueError: an unknown reduce op.
-        """
-        require_cross_replica(self._container, "strategy.extended.batch_reduce_to",
-                              "call it in merge_call's function")
-        op = ReduceOp.parse(reduce_op)
-        values = [v for v, _ in value_destination_pairs]
-        as_is = [op is ReduceOp.MEAN and self._local_count > 1 and _is_plain(v) for v in values]
-        comps = [self._components(v, op.value) for v, keep in zip(values, as_is, strict=True)
-                 if not keep]
-        reduced = iter(self._cross_device_ops.batch_reduce_components(
-            op, comps, self._num_replicas_in_sync, _options(options, self._options))
-            if comps else [])
-        out = []
-        for value, keep in zip(values, as_is, strict=True):
-            r = value if keep else next(reduced)
-            out.append(r if keep else Mirrored(r) if len(r) > 1 else r[0])
-        return out
-
-    def _reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
-                           options: CommunicationOptions | None = None) -> bool:
-        """SUM each gradient of ``pairs`` over every replica and apply the elementwise
-        ``update(value, summed)`` to its variable, in one collective that fuses the update into
-        the reduction (:mod:`cluster.collectives.epilogue`). Returns False, having done
-        nothing, where that does not apply: ops without a fused path, several local replicas,
-        or any gradient or variable that is not a host array of the variable's dtype and shape.
-        """
-        reduce_apply = getattr(self._cross_device_ops, "reduce_and_update", None)
-        if reduce_apply is None or self._local_count != 1:
-            return False
-        grads, targets = [], []
-        for grad, variable in pairs:
-            (g,) = self._components(grad, "SUM")
-            components = variable.values if isinstance(variable, DistributedVariable) \
-                else (variable,)
-            if len(components) != 1:
-                return False
-            target = components[0]._read()
-            if not (isinstance(g, np.ndarray) and isinstance(target, np.ndarray)
-                    and g.dtype == target.dtype and g.shape == target.shape
-                    and target.flags.c_contiguous and target.flags.writeable
-                    and not np.may_share_memory(g, target)):
-                return False
-            grads.append(g)
-            targets.append(target)
-        reduce_apply(grads, targets, update, _options(options, self._options))
-        return True
-
-    def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
-               group: bool = True) -> Any:
-        """``fn(component, *args, **kwargs)`` for each local component of ``var`` (cross-replica
-        context); distributed arguments are split per replica."""
-        kwargs = {} if kwargs is None else kwargs
-        if isinstance(var, DistributedVariable) and var._distribute_strategy is not self._container:
-            raise ValueError(
-                f"update: variable {var.name} was created under another strategy's scope; "
-                "create it under this strategy's scope"
-            )
-        components = var.values if isinstance(var, DistributedVariable) else (var,)
-        results = []
-        with _context.push(self._container, None):
-            for i, component in enumerate(components):
-                with self._device_scope(i):
-                    results.append(fn(component, *select_replica(i, args),
-                                      **select_replica(i, kwargs)))
-        return regroup(results) if group else results
-
-    def value_container(self, value: Any) -> Any:
-        return value
-
-    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Variable]],
-                         aggregate: bool) -> int:
-        """Apply one update of ``optimizer`` to ``pairs`` (``(gradient, variable)``, variables of
-        this strategy); returns the optimizer's new iteration count.
-
-        Here: in the caller's replica context, once for all replicas (``merge_call``), summing
-        the gradients over every replica first when ``aggregate``. Raises ``RuntimeError`` in
-        cross-replica context. Strategies whose variables live elsewhere override this.
-        """
-        return optimizer._apply_in_replica_context(pairs, aggregate)
-
-    def _create_variable(self, initial_value: Any = None, trainable: bool | None = None,
-                         name: str | None = None, dtype: Any = None,
-                         synchronization: Any = VariableSynchronization.AUTO,
-                         aggregation: Any = None, shape: Any = None, *,
-                         _broadcast: bool = True) -> Variable:
-        aggregation = VariableAggregation.NONE if aggregation is None else aggregation
-        context = _context.get_replica_context()
-        if context is not None and context.strategy is self._container:
-            # Created inside run: once, in cross-replica context, from replica 0's arguments.
-            return context.merge_call(
-                _create_in_merge, args=(initial_value, trainable, name, dtype, synchronization,
-                                        aggregation, shape))
-        synchronization, aggregation, trainable = validate_options(
-            synchronization, aggregation, trainable)
-        if synchronization is VariableSynchronization.NONE:
-            raise ValueError(
-                f"synchronization=NONE is not supported under a distribution strategy (variable "
-                f"{name or 'Variable'}); use AUTO, ON_WRITE or ON_READ"
-            )
-        value = initial_array(initial_value, dtype, shape)
-        self._check_aggregation_dtype(aggregation, value.dtype, _full_name(name))
-        if _broadcast:
-            value = self._cross_device_ops.broadcast_from_first(value, self._options)
-        return self._make_variable(value, name=_full_name(name), trainable=trainable,
-                                   synchronization=synchronization, aggregation=aggregation)
-
-    def _check_aggregation_dtype(self, aggregation: VariableAggregation, dtype: np.dtype,
-                                 name: str) -> None:
-        """Refuse MEAN for a non-floating variable, as TF's distributed variables do (a mean of
-        integers would truncate). Strategies whose variables are not mirrored (one device,
-        central storage, parameter servers) accept it, as in TF."""
-        if aggregation is VariableAggregation.MEAN and not is_floating(dtype):
-            raise ValueError(
-                f"creating distributed Variable {name} with aggregation=MEAN and a non-floating "
-                f"dtype ({np.dtype(dtype)}) is not supported under {type(self._container).__name__}"
-                "; use aggregation=SUM or ONLY_FIRST_REPLICA, or a floating dtype"
-            )
-
-    def _make_variable(self, value: Any, **options: Any) -> Variable:
-        components = [_plain_variable(self._place(i, value), options["name"])
-                      for i in range(self._local_count)]
-        if options["synchronization"] is VariableSynchronization.ON_READ:
-            return SyncOnReadVariable(self._container, components, **options)
-        return MirroredVariable(self._container, components, **options)
-
-
-def _create_in_merge(strategy: Strategy, initial_value, trainable, name, dtype, synchronization,
-                     aggregation, shape) -> Variable:
-    first = select_replica(0, initial_value)
-    return strategy.extended._create_variable(first, trainable, select_replica(0, name), dtype,
-                                              synchronization, aggregation, shape)
-
-
-def _plain_variable(array: Any, name: str) -> Variable:
-    variable = object.__new__(Variable)
-    Variable.__init__(variable, lambda: array, name=name)
-    variable._value = array  # no dtype inference: the value is already final
-    return variable
-
-
-def _is_plain(value: Any) -> bool:
-    return not isinstance(value, (DistributedValues, Variable))
-
-
-def _is_shared_tensor(value: Any) -> bool:
-    """A framework tensor (not NumPy, not a Python number) that every replica thread passed as
-    the very same object: what one model shared by the replicas produces."""
-    return hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray | np.generic) \
-        and not isinstance(value, DistributedValues | Variable)
-
-
-def _first(leaf: Any) -> Any:
-    return leaf.values[0] if isinstance(leaf, DistributedValues) else leaf
-
-
-def _options(call: Any, default: CommunicationOptions | None) -> CommunicationOptions | None:
-    if call is None:
-        return default
-    if not isinstance(call, CommunicationOptions):
-        raise TypeError(f"options must be a CommunicationOptions, got {call!r}")
-    return call
-
-
-def _check_gather_rank(components: Sequence[Any], axis: int) -> None:
-    for c in components:
-        if c.ndim == 0:
-            raise ValueError(
-                "gather/all_gather needs values of rank >= 1 (a scalar has no axis to "
-                "concatenate along); reshape it to [1] first"
-            )
-        if not -c.ndim <= axis < c.ndim:
-            raise ValueError(f"gather/all_gather: axis {axis} is out of range for rank {c.ndim}")
 
 
 class Strategy:
@@ -429,7 +70,7 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """Replicas over all workers that take part in each synchronous step."""
-        return self._extended._num_replicas_in_sync
+        return self._extended.num_workers * self._extended.num_local_replicas
 
     @property
     def cluster_resolver(self) -> Any:
@@ -482,7 +123,7 @@ class Strategy:
         if not isinstance(kwargs, dict):
             raise TypeError(f"strategy.run: kwargs must be a dict, got {type(kwargs).__name__}")
         self._check_cross_replica("run")
-        local = self._extended._local_count
+        local = self._extended.num_local_replicas
         check_component_counts(args, local, "strategy.run args")
         check_component_counts(kwargs, local, "strategy.run kwargs")
         with self.scope(), timeline.run_step(args):  # a step (or phase) of the timeline
@@ -496,16 +137,16 @@ class Strategy:
         leaves = _nest.flatten(value)
         if any(isinstance(leaf, DistributedValues) and not isinstance(leaf, Variable)
                for leaf in leaves):
-            return tuple(select_replica(i, value) for i in range(self._extended._local_count))
+            return tuple(select_replica(i, value) for i in range(self._extended.num_local_replicas))
         return (value,)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
         """``value_fn(ValueContext)`` for each local replica, as one PerReplica value."""
         ext = self._extended
         values = []
-        for i in range(ext._local_count):
-            with ext._device_scope(i):
-                values.append(value_fn(ValueContext(ext._first_replica_id + i,
+        for i in range(ext.num_local_replicas):
+            with ext.device_scope(i):
+                values.append(value_fn(ValueContext(ext.worker_index * ext.num_local_replicas + i,
                                                     self.num_replicas_in_sync)))
         return PerReplica(values) if len(values) > 1 else values[0]
 
@@ -527,10 +168,10 @@ class Strategy:
         plan, items = [], []
         for leaf in leaves:
             if op is ReduceOp.MEAN and (isinstance(leaf, Mirrored) or (
-                    not isinstance(leaf, DistributedValues) and ext._local_count > 1)):
+                    not isinstance(leaf, DistributedValues) and ext.num_local_replicas > 1)):
                 plan.append(("as_is", leaf, None))
                 continue
-            components = ext._components(leaf, op.value)
+            components = ext.local_components(leaf, op.value)
             if axis is None:
                 plan.append(("plain", leaf, len(items)))
                 items.append(components)
@@ -543,19 +184,20 @@ class Strategy:
                 plan.append(("axis", leaf, len(items)))
                 items.extend([sums, [np.asarray(to_host(c)) for c in counts]])
         with _context.push(self, None):
-            reduced = ext._cross_device_ops.batch_reduce_components(
-                ReduceOp.SUM, items, self.num_replicas_in_sync, ext._options) if items else []
+            reduced = ext.cross_device_ops.batch_reduce_components(
+                ReduceOp.SUM, items, self.num_replicas_in_sync,
+                ext.communication_options) if items else []
         out = []
         for kind, leaf, index in plan:
             if kind == "as_is":
-                out.append(_first(leaf))
+                out.append(first_component(leaf))
                 continue
             total = reduced[index][0]  # fresh: the caller's to keep (no copy)
             if kind == "axis" and op is ReduceOp.MEAN:
                 total = finish_mean(op, total, float(to_host(reduced[index + 1][0])))
             else:
                 total = finish_mean(op, total, self.num_replicas_in_sync)
-            out.append(restore_for(_first(leaf))(total))
+            out.append(restore_for(first_component(leaf))(total))
         return _nest.pack_sequence_as(value, out)
 
     def gather(self, value: Any, axis: int) -> Any:
@@ -565,18 +207,19 @@ class Strategy:
         out = []
         with _context.push(self, None):
             for leaf in _nest.flatten(value):
-                components = ext._components_any(leaf, "gather")
-                _check_gather_rank(components, axis)
-                gathered = ext._cross_device_ops.gather_components(components, axis, ext._options)
-                out.append(restore_for(_first(leaf))(gathered))
+                components = ext.local_components_any(leaf, "gather")
+                check_gather_rank(components, axis)
+                gathered = ext.cross_device_ops.gather_components(
+                    components, axis, ext.communication_options)
+                out.append(restore_for(first_component(leaf))(gathered))
         return _nest.pack_sequence_as(value, out)
 
     # -- input --
 
     def _wrap_local(self, pieces: list[Any]) -> Any:
         ext = self._extended
-        if any(d.is_gpu for d in ext._devices):
-            pieces = [_nest.map_structure(lambda x, i=i: ext._place(i, x), p)
+        if any(d.is_gpu for d in ext.devices):
+            pieces = [_nest.map_structure(lambda x, i=i: ext.place(i, x), p)
                       for i, p in enumerate(pieces)]
         return regroup(pieces, "dataset pieces")
 
@@ -584,15 +227,15 @@ class Strategy:
         """Split each global batch of ``dataset`` across all replicas (see :mod:`cluster.data`)."""
         ext = self._extended
         return DistributedDataset(dataset, num_replicas_in_sync=self.num_replicas_in_sync,
-                                  worker_index=ext._worker_index, num_workers=ext._num_workers,
-                                  local_replicas=ext._local_count, wrap=self._wrap_local)
+                                  worker_index=ext.worker_index, num_workers=ext.num_workers,
+                                  local_replicas=ext.num_local_replicas, wrap=self._wrap_local)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Per-replica batches from ``dataset_fn(InputContext)``, called once per worker."""
         ext = self._extended
         return DistributedDatasetsFromFunction(
-            dataset_fn, num_workers=ext._num_workers, worker_index=ext._worker_index,
-            local_replicas=ext._local_count, num_replicas_in_sync=self.num_replicas_in_sync,
+            dataset_fn, num_workers=ext.num_workers, worker_index=ext.worker_index,
+            local_replicas=ext.num_local_replicas, num_replicas_in_sync=self.num_replicas_in_sync,
             wrap=self._wrap_local)
 
     def __repr__(self) -> str:

@@ -11,9 +11,9 @@ from cluster import _context
 from cluster.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
 from cluster.strategies._devices import Device, gpu_count, parse_devices
 from cluster.strategies._variables import CentralVariable
-from cluster.strategies.base import Strategy, StrategyExtended, _plain_variable
+from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.values import select_replica
-from cluster.variables import Variable, VariableSynchronization
+from cluster.variables import Variable, VariableSynchronization, component_variable
 
 __all__ = ["CentralStorageStrategy", "MirroredStrategy", "default_local_devices"]
 
@@ -72,7 +72,7 @@ class _CentralExtended(StrategyExtended):
                 placed = cupy.array(value, copy=True)
         else:
             placed = self._place_host(value)
-        return CentralVariable(self._container, [_plain_variable(placed, options["name"])],
+        return CentralVariable(self._container, [component_variable(placed, options["name"])],
                                **options)
 
     @staticmethod

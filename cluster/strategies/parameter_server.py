@@ -26,17 +26,17 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
+from cluster._ps_values import OptimizerSpec
 from cluster.cross_device_ops import ReductionToOneDevice
 from cluster.errors import TaskConfigError
 from cluster.ps.connections import PsConnections, connections_for
 from cluster.ps.partitioners import Partitioner, Placer
-from cluster.ps.store import OptimizerSpec
 from cluster.strategies._devices import parse_devices
 from cluster.strategies._ps_variables import (
+    Pending,
     PsVariable,
     ShardedVariable,
     VariableSpec,
-    _Pending,
     current_scope,
 )
 from cluster.strategies.base import Strategy, StrategyExtended
@@ -107,11 +107,11 @@ class ParameterServerExtended(StrategyExtended):
         self._names.add(candidate)
         return candidate
 
-    def _create_variable(self, initial_value: Any = None, trainable: bool | None = None,
-                         name: str | None = None, dtype: Any = None,
-                         synchronization: Any = VariableSynchronization.AUTO,
-                         aggregation: Any = None, shape: Any = None, **_: Any) -> PsVariable:
-        from cluster.variables import VariableAggregation, _full_name
+    def create_variable(self, initial_value: Any = None, trainable: bool | None = None,
+                        name: str | None = None, dtype: Any = None,
+                        synchronization: Any = VariableSynchronization.AUTO,
+                        aggregation: Any = None, shape: Any = None, **_: Any) -> PsVariable:
+        from cluster.variables import VariableAggregation, full_name
 
         if not self._is_coordinator:
             raise RuntimeError(
@@ -121,14 +121,14 @@ class ParameterServerExtended(StrategyExtended):
         context = _context.get_replica_context()
         if context is not None and context.strategy is self._container:
             return context.merge_call(
-                lambda strategy: strategy.extended._create_variable(
+                lambda strategy: strategy.extended.create_variable(
                     initial_value, trainable, name, dtype, synchronization, aggregation, shape))
         aggregation = VariableAggregation.NONE if aggregation is None else aggregation
         synchronization, aggregation, trainable = validate_options(
             synchronization, aggregation, trainable)
         value = initial_array(initial_value, dtype, shape)
         value = value.get() if not isinstance(value, np.ndarray) else value
-        full = _full_name(name)
+        full = full_name(name)
         with self._lock:
             stored = self._stored_name(full)
             shards = self._placer.place(stored, value.shape, value.dtype)
@@ -145,8 +145,8 @@ class ParameterServerExtended(StrategyExtended):
 
     # -- updates -------------------------------------------------------------------------------
 
-    def _apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]],
-                         aggregate: bool) -> int:
+    def apply_gradients(self, optimizer: Any, pairs: list[tuple[Any, Any]],
+                        aggregate: bool) -> int:
         """Push the gradients to the parameter servers, which apply ``optimizer``'s rule there
         next to its slots; in any context (one replica per worker, so nothing to aggregate)."""
         optimizer.iterations += 1
@@ -159,7 +159,7 @@ class ParameterServerExtended(StrategyExtended):
         from cluster._family import to_array
 
         spec = OptimizerSpec.from_optimizer(optimizer)
-        pending = _Pending()
+        pending = Pending()
         for grad, variable in pairs:
             if not isinstance(variable, PsVariable) or variable._strategy is not self._container:
                 raise ValueError(
@@ -305,14 +305,14 @@ def strategy_for_config(config: StrategyConfig,
     if found is not None:
         return found
     from cluster import runtime
-    from cluster.settings import TaskSettings
+    from cluster import settings as task_settings
     from cluster.transport.auth import resolve_token
     from resolver import ClusterSpec, SimpleClusterResolver
 
     rt = runtime.current()
     # Outside a task process (no runtime) the token comes from this process's own settings.
     token = rt.token if rt is not None else resolve_token([a for _, a in config.ps_tasks],
-                                                           TaskSettings.from_env())
+                                                           task_settings.current())
     strategy = ParameterServerStrategy.__new__(ParameterServerStrategy)
     jobs: dict[str, dict[int, str]] = {}
     for task, address in (*config.ps_tasks, *config.worker_tasks):

@@ -47,6 +47,7 @@ def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
     os.environ.update(env)  # a process entry point: fn may read the environment too
     import time
 
+    from cluster import settings as task_settings
     from cluster.settings import TaskSettings
     from cluster.transport.api import PeerInfo
     from cluster.transport.auth import Token
@@ -54,7 +55,8 @@ def _child(rank: int, fn: Callable, args: tuple, conn, env: dict[str, str],
     from cluster.transport.network import NetworkTransport
     from cluster.transport.server import TaskServer
 
-    settings = TaskSettings.from_env()
+    settings = TaskSettings.from_env()  # this child's entry point: read once, installed
+    task_settings.install(settings)
     token = Token(settings.token)
     task = f"worker:{rank}"
     server = TaskServer("127.0.0.1:0", token)

@@ -64,11 +64,11 @@ def _resolve() -> Recorder | None:
     with _lock:
         if _resolved:
             return _recorder
-        from cluster.settings import TaskSettings  # not at import: settings import collectives
+        from cluster import settings as task_settings  # not at import: it imports collectives
 
         runtime_module = sys.modules.get("cluster.runtime")  # loaded whenever a runtime runs
         rt = runtime_module.current() if runtime_module is not None else None
-        settings = rt.settings if rt is not None else TaskSettings.from_env()
+        settings = rt.settings if rt is not None else task_settings.current()
         if settings.timeline or settings.steps_file:
             _recorder = Recorder(rt.task if rt is not None else "local",
                                  trace=settings.timeline, steps=settings.steps_file)

@@ -25,7 +25,7 @@ class Mailbox:
         self._messages: dict[tuple[int, MessageKey], Received] = {}
         self._error: ClusterError | None = None
         self._departed: dict[int, ClusterError] = {}
-        self._describe_peer = describe_peer
+        self.describe_peer = describe_peer  # names a peer in errors and stall warnings
 
     def put(self, src: int, key: MessageKey, received: Received) -> None:
         with self._cond:
@@ -47,7 +47,7 @@ class Mailbox:
                     raise self._departed[src]
                 if deadline.expired:
                     raise CollectiveTimeoutError(
-                        f"no message from {self._describe_peer(src)} for collective "
+                        f"no message from {self.describe_peer(src)} for collective "
                         f"#{key.seq} of group {key.group!r} (step {key.step}, chunk {key.chunk}) "
                         "before the deadline"
                     )

@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 import numpy as np
 
+from cluster._ps_values import AssignMode, OptimizerSpec, Pulled
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
-from cluster.ps.store import AssignMode, OptimizerSpec, Pulled
 from cluster.transport._grpc_errors import is_exhausted, is_unimplemented, translate
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_pull_reply, encode_push_request, push_chunk_messages

@@ -13,6 +13,7 @@ import pytest
 
 import cluster
 from cluster import exitcodes
+from cluster import settings as task_settings
 from cluster.checkpoint import Checkpoint, PreemptionCheckpointHandler
 from cluster.errors import TaskConfigError
 from cluster.settings import TaskSettings
@@ -47,15 +48,22 @@ def test_a_bad_grace_period_names_the_variable(text) -> None:
 
 
 def test_the_handler_takes_the_launchers_grace_period(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("CLUSTER_GRACE_PERIOD", "7.5")  # no runtime here: read from the env
-    with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit) as handler:
-        assert handler.grace_period == 7.5
-    with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit,
-                                     grace_period=3) as handler:
-        assert handler.grace_period == 3  # an explicit value wins
-    monkeypatch.delenv("CLUSTER_GRACE_PERIOD")
-    with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit) as handler:
-        assert handler.grace_period is None
+    # No runtime here: the process's settings, read from the environment (forgotten first, so
+    # that cluster.settings.current() reads it again).
+    monkeypatch.setenv("CLUSTER_GRACE_PERIOD", "7.5")
+    previous = task_settings.install(None)
+    try:
+        with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit) as handler:
+            assert handler.grace_period == 7.5
+        with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit,
+                                         grace_period=3) as handler:
+            assert handler.grace_period == 3  # an explicit value wins
+        monkeypatch.delenv("CLUSTER_GRACE_PERIOD")
+        task_settings.install(None)
+        with PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, exit_fn=_exit) as handler:
+            assert handler.grace_period is None
+    finally:
+        task_settings.install(previous)
     with pytest.raises(ValueError, match="grace_period must be >= 0"):
         PreemptionCheckpointHandler(None, _checkpoint(), tmp_path, grace_period=-1)
 

@@ -248,9 +248,9 @@ def test_algorithm_choice_follows_size_options_and_environment(
 ) -> None:
     settings = CollectiveSettings.from_env({ALGORITHM_ENV: env})
     g = CollectiveGroup(InProcessHub(2).transports[0], options=options, settings=settings)
-    assert g._network.algorithm(1024, options).split("/")[0] == expected
+    assert g._engine.network.algorithm(1024, options).split("/")[0] == expected
     if not env and options.implementation.value == "AUTO":
-        assert g._network.algorithm(64 * 1024, options).startswith("ring")
+        assert g._engine.network.algorithm(64 * 1024, options).startswith("ring")
 
 
 def test_bad_algorithm_environment_is_a_clear_error() -> None:

@@ -37,7 +37,7 @@ def _hosts(n: int, **kwargs: Any) -> list[HostNccl]:
     """``n`` ranks on one host, their arenas mapped (a first collective sets them up)."""
     _, groups = make_groups(n)
     run_ranks(lambda r: groups[r].barrier(), n)
-    locals_ = [g._shm for g in groups]
+    locals_ = [g._engine.shm for g in groups]
     assert all(loc is not None for loc in locals_), "the shared-memory path was not taken"
     return [HostNccl(loc, **kwargs) for loc in locals_]  # type: ignore[arg-type]
 

@@ -202,7 +202,7 @@ def test_fused_all_reduces_take_the_one_pass_and_keep_the_bytes(
     got = _fused_apply(built, world, grads, params)
     if path != "ring":
         single = path.endswith("copy")
-        assert all(g._shm is not None and g._shm.single_copy is single for g in built)
+        assert all(g._engine.shm is not None and g._engine.shm.single_copy is single for g in built)
     assert calls[0] > 0  # the one pass ran
     monkeypatch.setattr(kernels, "_loaded", False)  # as where numba cannot load
     taken = calls[0]

@@ -72,7 +72,7 @@ def _battery(transport):
     broadcast = group.broadcast(root_value, root=1)
     scattered = group.reduce_scatter(np.arange(10, dtype=np.int64) + transport.rank)
     group.barrier()
-    single_copy = group._shm.single_copy if group._shm is not None else None
+    single_copy = group.single_copy
     return results, gathered, broadcast, scattered, single_copy
 
 

@@ -154,7 +154,7 @@ def test_no_segment_is_left_in_dev_shm_once_the_group_is_set_up() -> None:
     before = _our_segments()
     _, groups = _groups([0, 0, 1, 1])
     run_ranks(lambda r: groups[r].all_reduce(np.ones(1000)), 4)
-    assert all(g._shm is not None for g in groups)  # shared memory is mapped and in use
+    assert all(g._engine.shm is not None for g in groups)  # shared memory is mapped and in use
     assert _our_segments() <= before
 
 
@@ -189,7 +189,7 @@ def test_a_rank_that_cannot_attach_puts_its_whole_host_on_the_network(
     results = run_ranks(lambda r: groups[r].all_reduce(np.full(700, r)), 4)
     assert all(np.array_equal(x, np.full(700, 6)) for x in results)
     assert groups[0].topology is not None and groups[0].topology.hosts == ((0, 1), (2,), (3,))
-    assert groups[2]._shm is None and groups[3]._shm is None
+    assert groups[2]._engine.shm is None and groups[3]._engine.shm is None
     assert _our_segments() <= before  # host 1's leader unlinked its segment all the same
 
 
@@ -227,7 +227,7 @@ def test_a_co_located_peer_whose_process_is_gone_is_reported_within_a_moment() -
     child.join(30)
     hub, groups = _groups([0, 0, 0])
     run_ranks(lambda r: groups[r].barrier(), 3)
-    arena = groups[0]._shm.arena  # type: ignore[union-attr]
+    arena = groups[0]._engine.shm.arena  # type: ignore[union-attr]
     arena._pids[2] = child.pid  # rank 2 "died": its pid no longer exists
     start = time.monotonic()
     outcomes = run_ranks(lambda r: groups[r].all_reduce(np.ones(3)), [0], return_exceptions=True,
@@ -243,7 +243,7 @@ def test_implementation_ring_keeps_a_group_off_shared_memory() -> None:
     groups = [_threads.new_group(t, options=ring) for t in hub.transports]
     results = run_ranks(lambda r: groups[r].all_reduce(np.ones(4), ReduceOp.SUM), 2)
     assert all(np.array_equal(x, np.full(4, 2.0)) for x in results)
-    assert all(g._shm is None for g in groups)
+    assert all(g._engine.shm is None for g in groups)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -341,7 +341,7 @@ def _single_copy_case(world: int, single_copy: list[bool], in_place: bool) -> li
         updated = [p.copy() for p in params]
         g.all_reduce_apply(values[r], updated, sgd, "SUM", options=alone)
         biggest = g.all_reduce(lone[r], "MAX")
-        return many, updated, biggest, g._shm.single_copy
+        return many, updated, biggest, g._engine.shm.single_copy
 
     got = run_ranks(rank, world)
     for r in range(world):
@@ -414,7 +414,7 @@ def test_the_proof_needs_the_peers_token_at_its_address() -> None:
 def test_a_failed_read_names_the_peer() -> None:
     hub, groups = _groups([0, 0])
     run_ranks(lambda r: groups[r].barrier(), 2)
-    shm = groups[0]._shm
+    shm = groups[0]._engine.shm
     assert shm is not None
     shm.arena._pids[1] = 2**22 + 12345  # no such process
     target = np.zeros(4, np.uint8)
@@ -474,7 +474,7 @@ def test_small_arrays_on_one_host_are_updated_once_in_the_group_without_a_pack(
     got = run_ranks(fused, world)
     assert touched == {"float32": 861, "float64": world * 12}, touched
     assert packs == [["float64", "float64"]] * world  # only the small dtype was packed
-    assert all(g._shm.single_copy is single_copy for g in groups)
+    assert all(g._engine.shm.single_copy is single_copy for g in groups)
     want = run_ranks(unfused, world)
     for rank in range(world):
         for a, b in zip(got[rank], want[rank], strict=True):

@@ -1,4 +1,4 @@
-"""The optimizer asks the variables' strategy where an update happens (``_apply_gradients``)."""
+"""The optimizer asks the variables' strategy where an update happens (``apply_gradients``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class _RecordingExtended(StrategyExtended):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple] = []
 
-    def _apply_gradients(self, optimizer, pairs, aggregate):
+    def apply_gradients(self, optimizer, pairs, aggregate):
         self.calls.append((optimizer, [v for _, v in pairs], aggregate))
         return 41
 
