@@ -97,6 +97,11 @@ class StrategyExtended(WorkerInfo):
         return self.worker_devices
 
     @property
+    def first_replica_id(self) -> int:
+        """The replica id in sync group of this worker's first local replica."""
+        return self._first_replica_id
+
+    @property
     def devices(self) -> tuple[Device, ...]:
         """The local replicas' devices, in replica order."""
         return self._devices
@@ -124,8 +129,6 @@ class StrategyExtended(WorkerInfo):
 
             return cupy.cuda.Device(device.index)
         return contextlib.nullcontext()
-
-    _device_scope = device_scope  # the name cluster/strategies/replica.py calls
 
     def place(self, index: int, array: Any) -> Any:
         """A copy of ``array`` on local replica ``index``'s device."""
@@ -176,7 +179,10 @@ class StrategyExtended(WorkerInfo):
         first = self.local_components_any(value, "ONLY_FIRST_REPLICA")[0]
         return self._cross_device_ops.broadcast_from_first(first, self._options)
 
-    def _all_reduce_nest(self, op: ReduceOp, value: Any, options: Any) -> Any:
+    def all_reduce_nest(self, op: ReduceOp, value: Any, options: Any) -> Any:
+        """Every leaf of ``value`` (a nest of this worker's local per-replica values) reduced
+        by ``op`` over all replicas of all workers; what ``ReplicaContext.all_reduce`` runs,
+        once per step, in the merge call."""
         leaves = _nest.flatten(value)
         if not leaves:
             return value
@@ -215,7 +221,9 @@ class StrategyExtended(WorkerInfo):
             return is_cupy(array) and array.device.id == device.index
         return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
 
-    def _all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
+    def all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
+        """Every leaf of ``value`` concatenated along ``axis`` over all replicas of all workers,
+        one copy per local replica; what ``ReplicaContext.all_gather`` runs in the merge call."""
         out = []
         for leaf in _nest.flatten(value):
             comps = self.local_components_any(leaf, "all_gather")

@@ -45,7 +45,7 @@ class ReplicaContext:
     @property
     def replica_id_in_sync_group(self) -> int:
         """This replica's id among all replicas of all workers (0 .. num_replicas_in_sync-1)."""
-        return self._strategy.extended._first_replica_id + self._local_index
+        return self._strategy.extended.first_replica_id + self._local_index
 
     def merge_call(self, merge_fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Run ``merge_fn(strategy, *args, **kwargs)`` once in cross-replica context.
@@ -122,11 +122,11 @@ def _tf_reduce_op(reduce_op: Any) -> ReduceOp:
 
 
 def _all_reduce(strategy: Strategy, op: Any, value: Any, options: Any) -> Any:
-    return strategy.extended._all_reduce_nest(op, value, options)
+    return strategy.extended.all_reduce_nest(op, value, options)
 
 
 def _all_gather(strategy: Strategy, value: Any, axis: int, options: Any) -> Any:
-    return strategy.extended._all_gather_nest(value, axis, options)
+    return strategy.extended.all_gather_nest(value, axis, options)
 
 
 class _ReplicaAborted(BaseException):
@@ -159,10 +159,10 @@ def call_for_each_replica(strategy: Strategy, fn: Callable, args: tuple, kwargs:
     """``fn(*args, **kwargs)`` once per local replica, each with its share of distributed
     arguments; returns the per-replica results in local replica order."""
     extended = strategy.extended
-    count = extended._local_count
+    count = extended.num_local_replicas
     if count == 1:
         context = ReplicaContext(strategy, 0)
-        with _context.push(strategy, context), extended._device_scope(0):
+        with _context.push(strategy, context), extended.device_scope(0):
             return [fn(*select_replica(0, args), **select_replica(0, kwargs))]
     rendezvous = _Rendezvous(count)
     threads = [
@@ -188,7 +188,7 @@ def _replica_main(strategy: Strategy, index: int, fn: Callable, args: tuple, kwa
                   rendezvous: _Rendezvous) -> None:
     context = ReplicaContext(strategy, index, rendezvous.merge)
     try:
-        with _context.push(strategy, context), strategy.extended._device_scope(index):
+        with _context.push(strategy, context), strategy.extended.device_scope(index):
             result = fn(*select_replica(index, args), **select_replica(index, kwargs))
     except _ReplicaAborted:
         return
