@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="transfer: untimed calls first")
     parser.add_argument("--no-echo", action="store_true", help="skip the bare gRPC rows")
     parser.add_argument("--tls", action="store_true",
-                        help="transfer: also run every size with mutual TLS (README: "
-                             "\"Encryption (TLS)\")")
+                        help="transfer: also run every size with mutual TLS (docs/guide/"
+                             "across-hosts.md, \"Encryption (TLS)\")")
     parser.add_argument("--workers", default="1,2,4", help="training: comma list")
     parser.add_argument("--modes", default="async,sync", help="training: async, sync or both")
     parser.add_argument("--train-ps", type=int, default=1, help="training: ps tasks")

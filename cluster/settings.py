@@ -12,7 +12,7 @@ naming the variable, the value and what would be accepted::
     settings = TaskSettings.from_env({"CLUSTER_DATA_PLANE": "grpc"})
     settings = TaskSettings(connect_timeout=5.0)       # tests: no environment at all
 
-The README's "Environment variables" table lists the same variables; ``ENV_VARS`` is the list.
+docs/guide/environment.md's table lists the same variables; ``ENV_VARS`` is the list.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class TaskSettings:
 
     The heartbeat defaults (0.5 s / 3 s) make a silent partition stop every task within about
     3.5 s, and gave no false alarm in 20 runs of the training tests on 2 busy cores (load average
-    ~40); README "Across hosts" has the figures and the trade-off.
+    ~40); docs/guide/across-hosts.md has the figures and the trade-off.
 
     Others: ``data_plane`` carries collective tensors (``tcp`` or ``grpc``); ``collectives``
     forces the collective path or algorithm; ``token`` is ``CLUSTER_TOKEN`` (never shown by
@@ -276,7 +276,7 @@ def current() -> TaskSettings:
         return _installed
 
 
-# (variable, default, meaning): the README's environment table is written from this list.
+# (variable, default, meaning): docs/guide/environment.md's table is checked against this list.
 ENV_VARS = (
     ("TF_CONFIG", "unset",
      "The cluster and this task (Kubeflow's TFJob format); read by `resolver`."),
@@ -290,7 +290,7 @@ ENV_VARS = (
     (ENV_TOKEN, "unset", "The cluster's shared secret, sent with every RPC."),
     (ENV_ALLOW_INSECURE, "0", "1 runs a non-loopback cluster without a token."),
     (ENV_TLS_CERT, "unset", "This task's certificate (PEM): with `_KEY` and `_CA`, mutual TLS "
-     "on every connection (README: \"Encryption (TLS)\")."),
+     "on every connection (docs/guide/across-hosts.md)."),
     (ENV_TLS_KEY, "unset", "The private key of `CLUSTER_TLS_CERT` (PEM)."),
     (ENV_TLS_CA, "unset", "The cluster's CA certificate (PEM): peers must present a certificate "
      "it signed."),
@@ -298,8 +298,8 @@ ENV_VARS = (
      "1: a task that only serves exits 0 once the chief has finished (Kubernetes Jobs)."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
     (ENV_HEARTBEAT_INTERVAL, "0.5", "Seconds between heartbeats (stretched beyond 500 tasks)."),
-    (ENV_HEARTBEAT_TIMEOUT, "3", "Seconds of silence after which a peer is lost (README: "
-     "\"Across hosts\")."),
+    (ENV_HEARTBEAT_TIMEOUT, "3", "Seconds of silence after which a peer is lost (see "
+     "docs/guide/across-hosts.md)."),
     (ENV_FUNCTION_TIMEOUT, "3600", "Seconds a coordinator's function may run on a worker."),
     (ENV_STALL_WARNING, "60", "Seconds a collective waits before its task logs which one it is "
      "in and which peer it waits for (again each period)."),
@@ -312,7 +312,7 @@ ENV_VARS = (
     (ENV_GRACE_PERIOD, "unset", "Set by clusterctl and the renders: seconds from SIGTERM to "
      "SIGKILL (`timeouts.grace`); `PreemptionCheckpointHandler` checks its save against it."),
     (ENV_TIMELINE, "unset", "Write this task's Chrome trace (steps, collectives) to this file; "
-     "to clusterctl: merge every task's into it (README \"Watching a run\")."),
+     "to clusterctl: merge every task's into it (docs/guide/watching.md)."),
     (ENV_STEPS, "unset", "Set by clusterctl: where this task writes its per-step records."),
     ("CLUSTER_RUN_DIR", "unset", "Set by clusterctl: the run directory (the examples write "
      "their curves there)."),

@@ -25,7 +25,7 @@ NAMESPACE = "default"
 
 
 def image(example: str) -> str:
-    """The image tag the README's build command gives ``examples/EXAMPLE``."""
+    """The image tag docs/guide/kubernetes.md's build command gives ``examples/EXAMPLE``."""
     return f"cluster-runtime-{example}:latest"
 
 

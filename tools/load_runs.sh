@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The false-alarm check behind the heartbeat defaults (README "Across hosts"): run the training
+# The false-alarm check behind the heartbeat defaults (docs/guide/across-hosts.md): run the training
 # tests RUNS times in a row while `stress-ng --cpu 2` keeps both cores busy, and log each run's
 # outcome and the load average. Root (the host tests need network namespaces); not for CI.
 #   tools/load_runs.sh [RUNS] [LOG]

@@ -18,7 +18,7 @@ each ``ps`` task writing its own shards in parallel): the **coordinator reads**.
   slots (below), no file handling.
 
 The cost is one copy of the model through the coordinator's network link; the ps-writes design
-would spread that over the ps tasks' links and disks. See the README for the figures.
+would spread that over the ps tasks' links and disks. docs/benchmarks/checkpoint.md has the figures.
 
 Optimizer state: the slots a parameter server keeps next to each shard (momentum, Adam's
 ``m``/``v``) are read and saved the same way, whole, as ``<optimizer>/slots/<variable>/<slot>``

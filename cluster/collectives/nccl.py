@@ -72,8 +72,9 @@ _REDUCE_OPS = {
 }
 
 _INSTALL_HINT = (
-    "install CuPy (the 'gpu' extra: pip install 'cluster-runtime[gpu]') and NCCL for your CUDA "
-    "version (e.g. pip install nvidia-nccl-cu12)"
+    "install CuPy for your driver's CUDA major version (the 'gpu' extra for CUDA 12, "
+    "'gpu-cuda13' for CUDA 13: pip install 'cluster-runtime[gpu]') and NCCL for it "
+    "(e.g. pip install nvidia-nccl-cu12)"
 )
 
 

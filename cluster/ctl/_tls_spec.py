@@ -1,6 +1,6 @@
 """The cluster file's ``tls:`` key: mutual TLS for every connection of the run.
 
-Two forms (README "Encryption (TLS)")::
+Two forms (docs/guide/across-hosts.md, "Encryption (TLS)")::
 
     tls: auto              # clusterctl makes a CA and each task's certificate in the run directory
     tls: {dir: certs/}     # use the files `clusterctl certs certs/ cluster.yaml` wrote

@@ -37,8 +37,8 @@ def script_hint(target: str) -> str:
     """The message for ``clusterctl launch SCRIPT`` without ``-n``: how to run it."""
     return (f"{target} is a Python script, not a cluster file: say how many tasks run it, "
             f"e.g. `clusterctl launch -n 2 {target} -- ARGS` (1 chief + 1 worker; add `--ps 2` "
-            "for parameter-server training), or write a cluster.yaml (see the README's "
-            "\"The cluster file\")")
+            "for parameter-server training), or write a cluster.yaml (see "
+            "docs/guide/cluster-file.md)")
 
 
 def _run_name(script: Path) -> str:

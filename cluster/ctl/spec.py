@@ -3,8 +3,8 @@
 ``load_cluster_file(path)`` parses the YAML keeping line numbers, checks every key and value,
 and returns a :class:`ClusterFile`, or raises :class:`~cluster.errors.ClusterFileError` listing
 *every* problem as ``FILE:LINE: KEY: what is wrong`` with a hint (the close match of a misspelt
-key, the allowed values). Nothing is started before a file validates. The README's section "The
-cluster file" is the reference of every key.
+key, the allowed values). Nothing is started before a file validates. docs/guide/cluster-file.md is
+the reference of every key.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = [
     "parse_cluster_file",
 ]
 
-MAX_TASKS = 1024  # default limits.max_tasks (README: "Limits at scale")
+MAX_TASKS = 1024  # default limits.max_tasks (docs/guide/cluster-file.md, "Limits at scale")
 MAX_FILE_BYTES = 1 << 20  # a cluster file larger than this is refused unread
 # timeouts.heartbeat: at least two heartbeat intervals (0.5 s each), or a busy machine's
 # scheduling delay reads as a lost peer; at most an hour, or a frozen task goes unnoticed for
@@ -64,7 +64,7 @@ class Timeouts:
     startup: float = 60.0
     grace: float = 10.0
     run: float | None = None
-    heartbeat: float = 3.0  # TaskSettings.heartbeat_timeout: README "Across hosts"
+    heartbeat: float = 3.0  # TaskSettings.heartbeat_timeout: docs/guide/across-hosts.md
 
     def __post_init__(self) -> None:
         low, high = HEARTBEAT_RANGE
@@ -472,7 +472,7 @@ def _check_counts(c: Checker, top: dict[str, Located], jobs: tuple[JobSpec, ...]
         c.add(line, f"cluster.{biggest.name}", f"{total} tasks ({per_job}) exceed "
               f"limits.max_tasks = {limits.max_tasks}",
               f"if this is no typo, add `limits: {{max_tasks: {total}}}` (each task is a "
-              "process with its own interpreter; see the README's \"Limits at scale\")")
+              "process with its own interpreter; see docs/guide/cluster-file.md)")
 
 
 def _top_level(file: str, text: str, c: Checker) -> tuple[Located, dict[str, Located]]:
@@ -567,8 +567,8 @@ def load_cluster_file(path: str | Path, *, tls_files: bool = True) -> ClusterFil
     if len(data) > MAX_FILE_BYTES:
         raise ClusterFileError([Problem(str(path), 0, "", f"larger than {MAX_FILE_BYTES:,} "
                                         "bytes: not a cluster file",
-                                        "a cluster file is a short YAML mapping; see the "
-                                        "README's \"The cluster file\"")])
+                                        "a cluster file is a short YAML mapping; see "
+                                        "docs/guide/cluster-file.md")])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

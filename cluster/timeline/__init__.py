@@ -20,7 +20,7 @@ A step is each ``strategy.run`` call, or, when the script marks its own steps, e
 The settings are read once, at the first step or collective of the process
 (:class:`~cluster.settings.TaskSettings`, the task's runtime's when it has one); the recorder
 is closed at exit. Cost: when off, one global read per step and per collective; when on, see
-``bench/timeline.py`` (README "Watching a run").
+``bench/timeline.py`` (docs/guide/watching.md).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def _is_loopback(address: str) -> bool:
 
 
 def resolve_token(addresses: Iterable[str], settings: TaskSettings) -> Token:
-    """The token of ``settings`` (``CLUSTER_TOKEN``) under the policy of the README.
+    """The token of ``settings`` (``CLUSTER_TOKEN``) under the cluster's token policy.
 
     No token: a cluster whose addresses are all loopback runs with a warning; any other raises
     :class:`InsecureClusterError` unless ``settings.allow_insecure`` (``CLUSTER_ALLOW_INSECURE=1``).

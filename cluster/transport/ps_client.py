@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT = 30.0
 #: A push of at least this many gradient bytes goes as a ``PushChunks`` stream of messages of
 #: :data:`CHUNK_BYTES`: the next message is written while the last travels. 16 MiB to one ps
 #: measured 0.74-0.84x of a bare gRPC echo so against 0.70-0.71x in one message, alternating
-#: (README, "Parameter-server transfers"); 1 MiB messages cost more per message, 4 MiB overlap
+#: (docs/benchmarks/ps.md); 1 MiB messages cost more per message, 4 MiB overlap
 #: less.
 STREAM_MIN_BYTES = 4 << 20
 CHUNK_BYTES = 2 << 20

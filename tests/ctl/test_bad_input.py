@@ -19,7 +19,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(60)
 
-MAX_FILE_BYTES = 1 << 20  # cluster.ctl.spec.MAX_FILE_BYTES, the README's documented cap
+MAX_FILE_BYTES = 1 << 20  # cluster.ctl.spec.MAX_FILE_BYTES, the documented cap
 
 HEAD = "entrypoint: train.py\n"  # runs would go to ./runs, beside the file
 

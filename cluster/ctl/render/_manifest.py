@@ -81,15 +81,15 @@ def tls_volumes(spec: ClusterFile) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def secrets_needed(spec: ClusterFile, namespace: str) -> str:
-    """The header's words after "Needs ...": the Secrets the objects need (README "Running on
-    Kubernetes", "Encryption (TLS)")."""
+    """The header's words after "Needs ...": the Secrets the objects need (docs/guide/kubernetes.md,
+    docs/guide/across-hosts.md)."""
     text = (f"the Secret {token_secret(spec)} (key {TOKEN_KEY!r}) in namespace "
-            f"{namespace}: see the README, \"Running on Kubernetes\".")
+            f"{namespace}: see docs/guide/kubernetes.md.")
     if spec.tls is not None:
         text += (f"\nAnd the Secret {tls_secret(spec)}: `clusterctl certs DIR "
                  f"{spec.path.name} --namespace {namespace}`, then `kubectl create secret "
                  f"generic {tls_secret(spec)} --from-file=DIR/ca.pem --from-file=DIR/pod.pem "
-                 f"--from-file=DIR/pod.key -n {namespace}` (README: \"Encryption (TLS)\").")
+                 f"--from-file=DIR/pod.key -n {namespace}` (docs/guide/across-hosts.md).")
     return text
 
 

@@ -1,7 +1,7 @@
 """``clusterctl render --format k8s``: a headless Service and one Indexed Job per job.
 
-The objects (the contract the emulated-pod harness parses; the README's "Running on
-Kubernetes" explains them to users):
+The objects (the contract the emulated-pod harness parses; docs/guide/kubernetes.md
+explains them to users):
 
 - Service ``{run}``: headless (``clusterIP: None``), ``publishNotReadyAddresses: true`` (a pod's
   name resolves before it is ready: peers dial each other during start-up), port

@@ -98,8 +98,8 @@ class ParameterServerServicer:
         over entries of any messages, each a TensorChunk of the whole tensor's meta, its `offset` and
         `total_bytes`. The chunks of one gradient must cover it exactly, without overlap. Nothing is
         applied until the stream ends: then the push means what the same gradients in one Push mean.
-        The sender overlaps writing message k+1 with the transfer of message k (README,
-        "Parameter-server transfers").
+        The sender overlaps writing message k+1 with the transfer of message k (figures in
+        docs/benchmarks/ps.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
