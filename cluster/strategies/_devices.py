@@ -70,6 +70,7 @@ def parse_devices(devices: Iterable[str], *, what: str, job: str = "localhost",
         if missing:
             raise ValueError(
                 f"{what}: {', '.join(f'/gpu:{d.index}' for d in missing)} not found; "
-                f"{available} GPU(s) visible to CuPy. Install CuPy (cupy-cuda12x, or cupy-cuda13x for CUDA 13 drivers) or use '/cpu:k'"
+                f"{available} GPU(s) visible to CuPy. Install CuPy (cupy-cuda12x, or "
+                "cupy-cuda13x for CUDA 13 drivers) or use '/cpu:k'"
             )
     return tuple(parsed)

@@ -12,7 +12,8 @@ from cluster.ctl.spec import ClusterFile
 
 __all__ = ["DEFAULT_IMAGE", "DEFAULT_NAMESPACE", "RenderError", "RenderOptions", "grace_seconds"]
 
-# A placeholder, documented in docs/guide/kubernetes.md and deploy/Dockerfile: the image users build and push.
+# A placeholder, documented in docs/guide/kubernetes.md and deploy/Dockerfile: the image users
+# build and push.
 DEFAULT_IMAGE = "cluster-runtime:latest"
 DEFAULT_NAMESPACE = "default"
 
