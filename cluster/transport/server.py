@@ -56,7 +56,8 @@ SERVICE_MESSAGE_BYTES: Mapping[str, int] = {
 # (MiBs on loopback) even for a stream nobody reads, so a caller the token check refused could
 # park that much per stream in the server (32 refused 64 MiB calls: +30-70 MiB RSS with it,
 # +3 MiB without). Streams that are read still get the window their message needs; bulk
-# throughput into a server was the same within noise (docs/guide/parameter-servers.md, "Trust model").
+# throughput into a server was the same within noise (docs/guide/parameter-servers.md,
+# "Trust model").
 SERVER_OPTIONS = (
     ("grpc.so_reuseport", 0),
     ("grpc.http2.bdp_probe", 0),
