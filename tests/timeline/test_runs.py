@@ -180,6 +180,7 @@ def test_a_sigkilled_task_leaves_a_trace_the_merge_repairs(tmp_path, marker):
 def test_the_status_of_a_running_run_then_of_the_finished_one(tmp_path, marker, monkeypatch,
                                                              capsys):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # `status`'s default run
+    monkeypatch.chdir(tmp_path)  # ... after ./runs, which a developer's checkout may have
     hold = tmp_path / "hold.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(hold))
@@ -219,6 +220,7 @@ def test_the_status_of_a_running_run_then_of_the_finished_one(tmp_path, marker, 
 
 
 def test_status_of_a_missing_run_dir_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no ./runs here
     assert cli.main(["status", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "empty-state"))
