@@ -141,7 +141,7 @@ class ExampleRuns:
             text = (_decode(e.stdout) + _decode(e.stderr)
                     + f"\n{name}: timed out after {e.timeout} s")
         except Exception:  # kept in the outcome: every test that reads the run fails with it
-            text += f"\n{name}: the launcher raised:\n{traceback.format_exc()}"
+            text += f"\n{name}: could not run:\n{traceback.format_exc()}"
         leaked = tuple(self.kill_leftovers())
         return Outcome(name, exit_code, attempts, text, elapsed, time.monotonic() - started,
                        run_dir if run.launch else None, leaked)
