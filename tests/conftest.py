@@ -18,6 +18,9 @@ from cluster.testing import netns as _netns
 
 __all__ = ["REPO", "marker", "netns_hosts", "processes_with", "task_processes"]
 
+# The ``example_runs`` fixture: each documented example run once per session, shared.
+pytest_plugins = ["tests._examples"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Property tests check what is true, not how fast examples are made: on a loaded 2-core machine

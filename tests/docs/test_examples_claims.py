@@ -12,27 +12,21 @@ Markers, in README.md and docs/ (HTML comments: invisible on the rendered page):
 The examples are deterministic (same figures on every run) except asynchronous
 parameter-server training, whose order of updates varies: its claim is a lower bound
 (``min-test-accuracy``). Times vary with the machine: their claims are upper bounds
-(``max-seconds``). Each run starts once, through ``clusterctl``'s launcher with the shipped
-cluster file (as ``tests/examples`` runs them) or alone as the page says.
-PyTorch and JAX examples skip when those are not installed.
+(``max-seconds``). The runs are ``tests/_examples.py``'s, each started once per session
+(through ``clusterctl``'s launcher with the shipped cluster file, or alone as the page says) and
+shared with the tests of each example. PyTorch and JAX examples skip when those are not
+installed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import io
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from cluster.ctl import launcher
-from cluster.ctl.spec import load_cluster_file
+from tests._examples import RUNS, Outcome, timeout_for
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess]
@@ -48,27 +42,6 @@ FIGURES = re.compile(r"epoch \d+/\d+  loss \d\.\d+  accuracy \d\.\d+"
 TEST_ACCURACY = re.compile(r"test accuracy (\d\.\d+) on \d+ held-out digits")
 
 
-@dataclass(frozen=True)
-class Run:
-    """One documented way of running an example: ``clusterctl launch`` of its shipped cluster
-    file (plus ``args``), or ``python examples/EXAMPLE/train.py`` alone."""
-
-    example: str
-    launch: bool = True
-    args: tuple[str, ...] = ()
-    needs: str | None = None  # a module that must be importable (torch, jax)
-    timeout: float = 240.0
-
-
-RUNS = {
-    "quickstart-launch": Run("quickstart"),
-    "torch-launch": Run("torch", needs="torch", timeout=300.0),
-    "torch-alone": Run("torch", launch=False, needs="torch"),
-    "jax-launch": Run("jax", needs="jax", timeout=300.0),
-    "jax-alone": Run("jax", launch=False, needs="jax"),
-    "ps-async-launch": Run("ps"),
-    "ps-sync-launch": Run("ps", args=("--sync",)),
-}
 METRICS = ("test-accuracy", "min-test-accuracy", "max-seconds")
 
 
@@ -78,12 +51,6 @@ class Claim:
     run: str
     metric: str
     value: str
-
-
-@dataclass(frozen=True)
-class Output:
-    text: str
-    seconds: float | None  # clusterctl's elapsed time (launch runs only)
 
 
 def pages() -> list[Path]:
@@ -133,37 +100,11 @@ def test_every_marker_is_well_formed_and_names_a_known_run() -> None:
     assert claimed == set(RUNS), f"runs no page claims anything about: {set(RUNS) - claimed}"
 
 
-def run_example(name: str, tmp: Path, marker: str) -> Output:
-    run = RUNS[name]
-    if run.needs and importlib.util.find_spec(run.needs) is None:
-        pytest.skip(f"{run.needs} is not installed: uv sync --extra {run.needs}")
-    example = REPO / "examples" / run.example
-    if run.launch:
-        spec = load_cluster_file(example / "cluster.yaml")
-        spec = dataclasses.replace(
-            spec, args=spec.args + run.args,
-            env={**spec.env, "CLUSTER_TEST_MARKER": marker},
-            timeouts=dataclasses.replace(spec.timeouts, run=run.timeout - 30))
-        out = io.StringIO()
-        result = launcher.launch(spec, out=out, color="never", run_dir=tmp / name)
-        text = out.getvalue()
-        assert result.exit_code == 0 and result.attempts == 1, text
-        output = Output(text, result.elapsed)
-    else:
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        proc = subprocess.run([sys.executable, str(example / "train.py")], cwd=REPO,
-                              env={**env, "CLUSTER_TEST_MARKER": marker},
-                              capture_output=True, text=True, timeout=run.timeout)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        output = Output(proc.stdout + proc.stderr, None)
-    return output
-
-
-def check(claim: Claim, output: Output) -> None:
+def check(claim: Claim, output: Outcome) -> None:
     if claim.metric == "max-seconds":
-        assert output.seconds is not None, f"{claim.where}: max-seconds needs a launch run"
-        assert output.seconds <= float(claim.value), (
-            f"{claim.where}: claims at most {claim.value} s, the run took {output.seconds:.1f} s")
+        assert output.elapsed is not None, f"{claim.where}: max-seconds needs a launch run"
+        assert output.elapsed <= float(claim.value), (
+            f"{claim.where}: claims at most {claim.value} s, the run took {output.elapsed:.1f} s")
         return
     printed = TEST_ACCURACY.findall(output.text)
     assert len(printed) == 1, f"{claim.where}: expected one test accuracy in:\n{output.text}"
@@ -175,13 +116,14 @@ def check(claim: Claim, output: Output) -> None:
             f"{claim.where}: claims at least {claim.value}, the run printed {printed[0]}")
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(max(timeout_for(name) for name in RUNS))
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_what_the_docs_claim_is_what_the_example_prints(name, tmp_path, marker) -> None:
+def test_what_the_docs_claim_is_what_the_example_prints(name, example_runs) -> None:
     mine = [c for c in claims() if c.run == name]
     blocks = [(where, lines) for where, run, lines in sample_outputs() if run == name]
     assert mine or blocks, f"no page claims anything about {name}"
-    output = run_example(name, tmp_path, marker)
+    output = example_runs(name)
+    assert output.ok, output.text
     for claim in mine:
         check(claim, output)
     for where, lines in blocks:

@@ -1,5 +1,6 @@
 """examples/ps: the quickstart's MLP trained with parameter servers (1 chief, 2 workers, 2 ps)
-through ``clusterctl launch``, asynchronously and with ``--sync``, to >= 95% test accuracy.
+through ``clusterctl launch``, asynchronously and with ``--sync``, to >= 95% test accuracy: the
+documented runs, shared with tests/docs (``tests/_examples.py``).
 
 Measured on 2 cores (20 epochs, about 4.2 s per launch): asynchronous 0.9611-0.9806 over 49
 launches (median 0.972; the order in which gradients arrive varies), synchronous 0.9667-0.9694
@@ -14,10 +15,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests._examples import timeout_for
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
@@ -36,21 +37,14 @@ def test_shipped_cluster_file_validates():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(max(timeout_for("ps-async-launch"), timeout_for("ps-sync-launch")))
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
-def test_ps_example_trains_to_the_quickstart_accuracy(tmp_path: Path, marker: str, sync: bool):
-    path = EXAMPLE / "cluster.yaml"
-    if sync:  # the shipped file, with --sync and the entrypoint where it is
-        shipped = path.read_text()
-        assert 'args: ["--epochs", "20"]' in shipped
-        path = tmp_path / "cluster.yaml"
-        path.write_text(
-            shipped.replace("entrypoint: train.py", f"entrypoint: {EXAMPLE / 'train.py'}")
-            .replace('args: ["--epochs", "20"]', 'args: ["--epochs", "20", "--sync"]'))
-    run_dir = tmp_path / "run"
-    proc = clusterctl("launch", str(path), "--run-dir", str(run_dir), "--color", "never",
-                      marker=marker)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+def test_ps_example_trains_to_the_quickstart_accuracy(example_runs, sync: bool):
+    # The documented runs (shared with tests/docs): the shipped file, and with --sync.
+    assert 'args: ["--epochs", "20"]' in (EXAMPLE / "cluster.yaml").read_text()
+    run = example_runs("ps-sync-launch" if sync else "ps-async-launch")
+    out = run.text
+    assert run.ok, out
 
     mode = "synchronous" if sync else "asynchronous"
     assert f"ParameterServerStrategy ({mode}): 2 workers, 2 parameter servers" in out, out
@@ -61,7 +55,7 @@ def test_ps_example_trains_to_the_quickstart_accuracy(tmp_path: Path, marker: st
     assert found, out
     assert float(found.group(1)) >= 0.95, out
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["attempts"] == 1
     tasks = {t["task"]: t for t in summary["tasks"]}
     assert sorted(tasks) == ["chief:0", "ps:0", "ps:1", "worker:0", "worker:1"]

@@ -1,18 +1,17 @@
 """The README's first command: the quickstart trains a chief and two workers through
-``clusterctl launch`` to >= 95% test accuracy, with the same parameters as one process."""
+``clusterctl launch`` to >= 95% test accuracy, with the same parameters as one process. The
+launch is the session's shared run of the README's command (``tests/_examples.py``)."""
 
 from __future__ import annotations
 
 import importlib.util
-import io
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from cluster.ctl import launcher
-from cluster.ctl.spec import load_cluster_file
+from tests._examples import timeout_for
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -27,21 +26,16 @@ def test_shipped_cluster_file_validates():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_quickstart_matches_a_single_process_run(tmp_path):
-    saved = tmp_path / "params.npz"
+@pytest.mark.timeout(timeout_for("quickstart-launch", extra=60))
+def test_quickstart_matches_a_single_process_run(tmp_path, example_runs):
+    # The README's run (shared with tests/docs), which also saves its final parameters.
     shipped = (QUICKSTART / "cluster.yaml").read_text()
     assert 'args: ["--epochs", "10"]' in shipped
-    cluster_yaml = tmp_path / "cluster.yaml"
-    cluster_yaml.write_text(
-        shipped.replace("entrypoint: train.py", f"entrypoint: {QUICKSTART / 'train.py'}")
-        .replace('args: ["--epochs", "10"]', f'args: ["--epochs", "10", "--save", "{saved}"]')
-        + f"log_dir: {tmp_path / 'runs'}\n")
-    out = io.StringIO()
-    result = launcher.launch(load_cluster_file(cluster_yaml), out=out, color="never")
-    text = out.getvalue()
-    assert result.exit_code == 0, text
+    run = example_runs("quickstart-launch")
+    text = run.text
+    assert run.ok, text
     assert "3 replica(s) in sync" in text and "epoch 10/10" in text
-    with np.load(saved) as distributed:
+    with np.load(run.run_dir / "params.npz") as distributed:
         accuracy = float(distributed["test_accuracy"])
         params = [distributed[f"arr_{i}"] for i in range(4)]
     assert accuracy >= 0.95, text
