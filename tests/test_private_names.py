@@ -68,8 +68,6 @@ _DEFAULT_STRATEGY = (
     "Strategy._is_default marks the default strategy (set by cluster/strategies/default.py) for "
     "the context and the variables, which cannot import it (a cycle): a public name would add to "
     "Strategy's tf.distribute-mirroring surface")
-_CHECKPOINT_INTERNALS = (
-    "Checkpoint._strategy and _commit, read by CheckpointManager: the same package split")
 
 _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/_context.py", "_is_default"): _DEFAULT_STRATEGY,
@@ -118,8 +116,6 @@ _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/coordinator/_dispatch.py", "_runtime"): _COORDINATOR_INTERNALS,
     ("cluster/coordinator/_dispatch.py", "_set"): _COORDINATOR_INTERNALS,
     ("cluster/coordinator/remote_values.py", "_add_resource"): _COORDINATOR_INTERNALS,
-    ("cluster/checkpoint/manager.py", "_strategy"): _CHECKPOINT_INTERNALS,
-    ("cluster/checkpoint/manager.py", "_commit"): _CHECKPOINT_INTERNALS,
 }
 
 
