@@ -54,12 +54,6 @@ _OPTIMIZER_PROTOCOL = (
 _TRACKABLE_PROTOCOL = (
     "_checkpoint_save/_checkpoint_restore/_state are the hooks external trackables (metrics, "
     "torch state) implement for cluster.checkpoint; renaming them changes that protocol")
-_PS_INTERNALS = (
-    "the parameter-server strategy's internals (_config, _connections, _handle, _for_config, "
-    "_seed, _invalidate, _spec, _lock, _value, _strategy) shared by "
-    "strategies/parameter_server.py, strategies/_ps_variables.py, checkpoint/_ps.py and "
-    "coordinator/: they belong in one "
-    "private module with public names; not split here")
 _COORDINATOR_INTERNALS = (
     "ClusterCoordinator's internals (_function_failed, _resources_for, _run_ids, _timeout, "
     "_runtime, _add_resource, _is_coordinator) and its closures' and remote values' (_set, "
@@ -89,20 +83,6 @@ _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/checkpoint/_trackables.py", "_checkpoint_save"): _TRACKABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_checkpoint_restore"): _TRACKABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_state"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_ps.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_spec"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_connections"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_lock"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_value"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_config"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_connections"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_handle"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_for_config"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_seed"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_invalidate"): _PS_INTERNALS,
-    ("cluster/coordinator/_calls.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_config"): _PS_INTERNALS,
     ("cluster/coordinator/coordinator.py", "_is_coordinator"): _COORDINATOR_INTERNALS,
     ("cluster/coordinator/coordinator.py", "_wait"): _COORDINATOR_INTERNALS,
     ("cluster/coordinator/coordinator.py", "_ref"): _COORDINATOR_INTERNALS,

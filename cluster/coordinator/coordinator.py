@@ -46,7 +46,11 @@ from cluster.coordinator._queue import ClosureQueue
 from cluster.coordinator.remote_values import PerWorkerDataset, PerWorkerValues, RemoteValue
 from cluster.errors import PeerUnavailableError, PsUnavailableError
 from cluster.strategies._ps_variables import SyncSlot
-from cluster.strategies.parameter_server import ParameterServerStrategy
+from cluster.strategies.parameter_server import (
+    ParameterServerStrategy,
+    config_of,
+    runtime_of,
+)
 from cluster.transport.api import PeerInfo
 from cluster.transport.ps_client import PsWatch
 from cluster.transport.worker_client import WorkerClient
@@ -89,11 +93,11 @@ class ClusterCoordinator:
         if not strategy.extended._is_coordinator:
             raise RuntimeError("ClusterCoordinator runs on the coordinator (the chief), not "
                                "inside a scheduled function")
-        rt = strategy._runtime
+        rt = runtime_of(strategy)
         self._strategy = strategy
         self._runtime = rt
         self._timeout = rt.settings.function_timeout
-        workers = strategy._config.worker_tasks
+        workers = config_of(strategy).worker_tasks
         self._num_workers = len(workers)
         self._queue = ClosureQueue(strategy.synchronous, self._num_workers)
         self._seq = itertools.count()
@@ -221,7 +225,7 @@ class ClusterCoordinator:
     def _watch_parameter_servers(self) -> PsWatch:
         settings = self._runtime.settings
         peers = [PeerInfo(i, task, address)
-                 for i, (task, address) in enumerate(self._strategy._config.ps_tasks)]
+                 for i, (task, address) in enumerate(config_of(self._strategy).ps_tasks)]
 
         def gone(peer: PeerInfo, error: PeerUnavailableError | None) -> None:
             why = str(error) if error is not None else f"{peer} shut down"
