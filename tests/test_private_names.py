@@ -54,10 +54,6 @@ _OPTIMIZER_PROTOCOL = (
 _TRACKABLE_PROTOCOL = (
     "_checkpoint_save/_checkpoint_restore/_state are the hooks external trackables (metrics, "
     "torch state) implement for cluster.checkpoint; renaming them changes that protocol")
-_COORDINATOR_INTERNALS = (
-    "ClusterCoordinator's internals (_function_failed, _resources_for, _run_ids, _timeout, "
-    "_runtime, _add_resource, _is_coordinator) and its closures' and remote values' (_set, "
-    "_fail, _wait, _ref, _rid) used across coordinator/*: the same split, not done here")
 _DEFAULT_STRATEGY = (
     "Strategy._is_default marks the default strategy (set by cluster/strategies/default.py) for "
     "the context and the variables, which cannot import it (a cycle): a public name would add to "
@@ -83,19 +79,6 @@ _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/checkpoint/_trackables.py", "_checkpoint_save"): _TRACKABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_checkpoint_restore"): _TRACKABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_state"): _TRACKABLE_PROTOCOL,
-    ("cluster/coordinator/coordinator.py", "_is_coordinator"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_wait"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_ref"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_fail"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_rid"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_ref"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_function_failed"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_resources_for"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_run_ids"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_timeout"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_runtime"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_set"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/remote_values.py", "_add_resource"): _COORDINATOR_INTERNALS,
 }
 
 

@@ -100,7 +100,6 @@ class WorkerState:
                 return _failure(e)
 
 
-
 def _failure(error: BaseException) -> Outcome:
     text = "".join(traceback.format_exception(error))
     try:
