@@ -79,12 +79,12 @@ class Optimizer:
     def _distributed_apply(self, strategy: Any, pairs: list, aggregate: bool) -> int:
         self._check_strategy(strategy, [v for _, v in pairs])
         fused = self._fused_update()
-        if aggregate and not strategy._is_default and fused is not None \
+        if aggregate and not _context.is_default(strategy) and fused is not None \
                 and strategy.extended.reduce_and_update(pairs, fused):
             self.iterations += 1  # the update ran inside the reduction, once per element
             return self.iterations
         grads = [g for g, _ in pairs]
-        if aggregate and not strategy._is_default:
+        if aggregate and not _context.is_default(strategy):
             grads = strategy.extended.batch_reduce_to("SUM", [(g, v) for g, v in pairs])
         self.iterations += 1
         for grad, variable in zip(grads, (v for _, v in pairs), strict=True):
@@ -103,7 +103,8 @@ class Optimizer:
                     f"{_context.describe(strategy)}; create the variables under the same "
                     "strategy's scope that runs the step"
                 )
-            if owner is None and not strategy._is_default and strategy.num_replicas_in_sync > 1:
+            if owner is None and not _context.is_default(strategy) \
+                    and strategy.num_replicas_in_sync > 1:
                 raise ValueError(
                     f"{self.name}: variable {variable.name} was created outside "
                     f"{_context.describe(strategy)}'s scope; create it under strategy.scope()"
@@ -132,7 +133,7 @@ class Optimizer:
     def _make_slot(self, strategy: Any, variable: Variable, slot: str) -> Variable:
         zeros = xp_of(variable.value()).zeros(variable.shape, variable.dtype)
         name = f"{variable.name.split(':')[0]}/{slot}"
-        if strategy._is_default or not isinstance(variable, DistributedVariable):
+        if _context.is_default(strategy) or not isinstance(variable, DistributedVariable):
             return Variable(zeros, trainable=False, name=name)
         with strategy.scope():
             # Zeros are the same everywhere: no broadcast needed.

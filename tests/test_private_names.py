@@ -54,15 +54,8 @@ _OPTIMIZER_PROTOCOL = (
 _TRACKABLE_PROTOCOL = (
     "_checkpoint_save/_checkpoint_restore/_state are the hooks external trackables (metrics, "
     "torch state) implement for cluster.checkpoint; renaming them changes that protocol")
-_DEFAULT_STRATEGY = (
-    "Strategy._is_default marks the default strategy (set by cluster/strategies/default.py) for "
-    "the context and the variables, which cannot import it (a cycle): a public name would add to "
-    "Strategy's tf.distribute-mirroring surface")
 
 _ALLOWED: dict[tuple[str, str], str] = {
-    ("cluster/_context.py", "_is_default"): _DEFAULT_STRATEGY,
-    ("cluster/optimizers.py", "_is_default"): _DEFAULT_STRATEGY,
-    ("cluster/strategies/_variables.py", "_is_default"): _DEFAULT_STRATEGY,
     ("cluster/checkpoint/_group.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
     ("cluster/optimizers.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
