@@ -232,3 +232,27 @@ class Adam(Optimizer):
         adam_update(value, grad, slots["m"]._read(), slots["v"]._read(),
                     learning_rate=self.learning_rate, beta_1=self.beta_1, beta_2=self.beta_2,
                     epsilon=self.epsilon, iteration=self.iterations, xp=xp_of(value))
+
+
+# Checkpoints read and create an optimizer's slots through these (not exported): the slot table
+# and the subclasses' slot names stay private to this module.
+
+
+def slot_names(optimizer: Optimizer) -> tuple[str, ...]:
+    """The names of the slots ``optimizer`` keeps per variable (``()``: none)."""
+    return optimizer._slot_names()
+
+
+def slot_table(optimizer: Optimizer) -> dict[int, dict[str, Variable]]:
+    """``optimizer``'s slots made so far, by ``id`` of their variable (read it, do not change
+    it)."""
+    return optimizer._slots
+
+
+def slots_of(optimizer: Optimizer, variable: Variable) -> dict[str, Variable]:
+    """``variable``'s slots in ``optimizer`` by name, made (zeros, under the variable's strategy,
+    else the current one) when it has none yet, e.g. on a restore before the first step."""
+    if id(variable) not in optimizer._slots:
+        strategy = variable._distribute_strategy or _context.get_strategy()
+        optimizer._slots_for(strategy, variable)
+    return optimizer._slots[id(variable)]

@@ -48,12 +48,12 @@ _VARIABLE_PROTOCOL = (
     "checkpoints: a public name for it is a decision about cluster.Variable's surface (which "
     "mirrors tf.Variable), not made here")
 _OPTIMIZER_PROTOCOL = (
-    "the optimizers' slots and update rule (_slots, _slots_for, _slot_names, _update_rule, "
-    "_apply_in_replica_context) read by checkpoints, the PS rule and the strategies: public "
-    "names would add to cluster.optimizers.SGD/Adam's Keras-mirroring surface, not decided here")
+    "_update_rule and _apply_in_replica_context are what the PS values and the strategies call "
+    "back on an optimizer: public names would add to cluster.optimizers.SGD/Adam's "
+    "Keras-mirroring surface")
 _TRACKABLE_PROTOCOL = (
-    "_checkpoint_save/_checkpoint_restore/_state are the hooks external trackables (metrics, "
-    "torch state) implement for cluster.checkpoint; renaming them changes that protocol")
+    "_checkpoint_save/_checkpoint_restore are the hooks external trackables (torch state) "
+    "implement for cluster.checkpoint; renaming them changes that protocol")
 
 _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/checkpoint/_group.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
@@ -64,14 +64,10 @@ _ALLOWED: dict[tuple[str, str], str] = {
     ("cluster/optimizers.py", "_read"): _VARIABLE_PROTOCOL,
     ("cluster/strategies/extended.py", "_read"): _VARIABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_write"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slots"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slots_for"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slot_names"): _OPTIMIZER_PROTOCOL,
     ("cluster/_ps_values.py", "_update_rule"): _OPTIMIZER_PROTOCOL,
     ("cluster/strategies/extended.py", "_apply_in_replica_context"): _OPTIMIZER_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_checkpoint_save"): _TRACKABLE_PROTOCOL,
     ("cluster/checkpoint/_trackables.py", "_checkpoint_restore"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_state"): _TRACKABLE_PROTOCOL,
 }
 
 
