@@ -27,9 +27,33 @@ libraries (``os._exit``, a named tuple's ``_replace``) are not this repository's
 ``getattr(obj, "_y")`` is not seen.
 
 The fix for a finding: make the name public where it is defined (inside a private module when
-only its package should use it), or move the code that uses it to the module that owns it.
+only its package should use it), or move the code that uses it to the module that owns it: for
+a private attribute of a user-facing object (a coordinator, a checkpoint, a variable, an
+optimizer), a function of the owning module or an internal object with public names, so the
+user-facing class gains no public surface.
+
+*Protocols* are the exception, declared in one place: the member names of the
+``typing.Protocol`` classes in ``cluster/_protocols.py`` may be used by any module (3 and 4 do
+not apply to them). A protocol belongs there only when it is a cross-module contract that
+several classes implement and that must stay private-looking on user-facing objects; its
+docstring states the contract. Those declared now, and why each is a protocol:
+
+- ``RawVariable`` (``_read``, ``_write``, ``_distribute_strategy``): the raw-array access that
+  every variable kind implements (plain, mirrored, sync-on-read, parameter-server, components)
+  and the optimizers, the strategies and the checkpoints use. Public names would widen
+  ``cluster.Variable``, which mirrors ``tf.Variable``; ``_distribute_strategy`` is TF's own
+  attribute name.
+- ``ExternalTrackable`` (``_checkpoint_save``, ``_checkpoint_restore``, ``_distribute_strategy``):
+  hooks that objects outside ``cluster.checkpoint`` implement (``cluster.torch.StateDict``, a
+  user's own), private-looking as TF's ``Trackable`` hooks are.
+- ``StrategyDrivenOptimizer`` (``_apply_in_replica_context``, ``_update_rule``): what the
+  strategies and the parameter-server values call back on an optimizer; they sit below
+  ``cluster.optimizers`` (which imports them) so they cannot call a function of it, and public
+  methods would widen the Keras-mirroring optimizers.
+
 ``_ALLOWED`` lists the uses that stay for now, each with its reason; an entry that no longer
-matches a use fails the test, so the list only shrinks.
+matches a use fails the test, so the list only shrinks. A protocol name no module uses across
+modules fails the test too, so the exception does not outlive its use.
 """
 
 from __future__ import annotations
@@ -42,33 +66,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("cluster", "worker", "ps", "resolver")
 
-_VARIABLE_PROTOCOL = (
-    "Variable._read/_write and _distribute_strategy (TF's attribute name) are the raw-array "
-    "protocol between cluster.variables, the distributed variables, the optimizers and "
-    "checkpoints: a public name for it is a decision about cluster.Variable's surface (which "
-    "mirrors tf.Variable), not made here")
-_OPTIMIZER_PROTOCOL = (
-    "_update_rule and _apply_in_replica_context are what the PS values and the strategies call "
-    "back on an optimizer: public names would add to cluster.optimizers.SGD/Adam's "
-    "Keras-mirroring surface")
-_TRACKABLE_PROTOCOL = (
-    "_checkpoint_save/_checkpoint_restore are the hooks external trackables (torch state) "
-    "implement for cluster.checkpoint; renaming them changes that protocol")
+PROTOCOLS = REPO / "cluster" / "_protocols.py"
 
-_ALLOWED: dict[tuple[str, str], str] = {
-    ("cluster/checkpoint/_group.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/optimizers.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/strategies/extended.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/optimizers.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/strategies/extended.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_write"): _VARIABLE_PROTOCOL,
-    ("cluster/_ps_values.py", "_update_rule"): _OPTIMIZER_PROTOCOL,
-    ("cluster/strategies/extended.py", "_apply_in_replica_context"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_checkpoint_save"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_checkpoint_restore"): _TRACKABLE_PROTOCOL,
-}
+_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:
@@ -108,6 +108,21 @@ def _defined(tree: ast.AST) -> set[str]:
     return {name for name in names if _private(name)}
 
 
+def protocol_names(tree: ast.AST) -> set[str]:
+    """The private member names the ``Protocol`` classes of a module declare."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "Protocol")
+                or (isinstance(b, ast.Attribute) and b.attr == "Protocol") for b in node.bases):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+    return {name for name in names if _private(name)}
+
+
 def _own_object(node: ast.expr) -> bool:
     """``self``, ``cls`` or ``super()``: a class using its own (or inherited) members."""
     if isinstance(node, ast.Name):
@@ -126,10 +141,12 @@ def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
 
 
 def find_uses(module: str, tree: ast.AST, *, modules: set[str], is_package: bool,
-              project_private: set[str]) -> Iterator[tuple[int, str, str]]:
+              project_private: set[str],
+              protocol: frozenset[str] = frozenset()) -> Iterator[tuple[int, str, str]]:
     """``(line, name, how)`` for each use of another module's private name in ``tree``, the
-    source of ``module``; ``modules`` are the dotted names of every checked module and
-    ``project_private`` the private names they define."""
+    source of ``module``; ``modules`` are the dotted names of every checked module,
+    ``project_private`` the private names they define and ``protocol`` the member names of the
+    declared protocols (used freely)."""
     own = _defined(tree)
     aliases: dict[str, str] = {}  # local name -> module it is bound to
     for node in ast.walk(tree):
@@ -156,26 +173,34 @@ def find_uses(module: str, tree: ast.AST, *, modules: set[str], is_package: bool
                 if f"{aliases[target.id]}.{node.attr}" not in modules:
                     yield node.lineno, node.attr, f"{target.id}.{node.attr}"
                 continue
-            if node.attr in project_private and node.attr not in own:
+            if node.attr in project_private and node.attr not in own \
+                    and node.attr not in protocol:
                 yield node.lineno, node.attr, f"{ast.unparse(target)[:40]}.{node.attr}"
         elif isinstance(node, ast.keyword) and node.arg and _private(node.arg) \
-                and node.arg not in own:
+                and node.arg not in own and node.arg not in protocol:
             yield node.lineno, node.arg, f"keyword {node.arg}="
 
 
 @functools.cache
-def _all_uses() -> list[tuple[str, int, str, str]]:
+def _protocol() -> frozenset[str]:
+    return frozenset(protocol_names(ast.parse(PROTOCOLS.read_text(), filename=str(PROTOCOLS))))
+
+
+@functools.cache
+def _all_uses(with_protocol: bool = True) -> list[tuple[str, int, str, str]]:
     sources = _sources()
     trees = {name: ast.parse(path.read_text(), filename=str(path))
              for name, path in sources.items()}
     project_private = set().union(*(_defined(tree) for tree in trees.values()))
+    protocol = _protocol() if with_protocol else frozenset()
     uses = []
     for name, tree in trees.items():
         path = sources[name]
         rel = str(path.relative_to(REPO))
         for line, private, how in find_uses(name, tree, modules=set(sources),
                                             is_package=path.name == "__init__.py",
-                                            project_private=project_private):
+                                            project_private=project_private,
+                                            protocol=protocol):
             uses.append((rel, line, private, how))
     return sorted(uses)
 
@@ -193,6 +218,15 @@ def test_every_allowed_use_still_exists() -> None:
     used = {(path, name) for path, _, name, _ in _all_uses()}
     stale = sorted(set(_ALLOWED) - used)
     assert not stale, f"remove these entries from _ALLOWED, the uses are gone: {stale}"
+
+
+def test_every_protocol_name_is_used_across_modules() -> None:
+    declared = _protocol()
+    assert declared, f"no protocol names found in {PROTOCOLS.relative_to(REPO)}"
+    used = {name for _, _, name, _ in _all_uses(with_protocol=False)}
+    assert declared <= used, (
+        f"{sorted(declared - used)} are declared in {PROTOCOLS.relative_to(REPO)} but no module "
+        "uses them across modules: remove them from the protocol")
 
 
 def _uses_in(source: str, module: str = "cluster.a") -> list[tuple[int, str]]:
@@ -217,3 +251,16 @@ def test_the_rule_leaves_a_modules_own_names_and_private_modules_alone() -> None
                     "        return other._secret + self._secret + super()._secret") == []
     assert _uses_in("import os\nos._exit(0)\nx._replace(a=1)") == []  # not this project's names
     assert _uses_in("def _helper(_secret): pass\n_helper(_secret=1)") == []
+
+
+def test_the_rule_accepts_only_the_names_a_protocol_declares() -> None:
+    protocols = ast.parse("from typing import Protocol\nclass P(Protocol):\n"
+                          "    def _secret(self): ...\nclass Q:\n    def _helper(self): ...\n")
+    assert protocol_names(protocols) == {"_secret"}
+    tree = ast.parse("def f(k):\n    return k._secret, k._helper")
+    others = ast.parse("def _helper(): pass\nclass K:\n    def __init__(self):\n"
+                       "        self._secret = 1\n")
+    found = [name for _, name, _ in find_uses(
+        "cluster.a", tree, modules={"cluster.a"}, is_package=False,
+        project_private=_defined(others), protocol=frozenset(protocol_names(protocols)))]
+    assert found == ["_helper"]

@@ -27,7 +27,8 @@ Parameter-server variables save their whole logical value and their optimizer st
 from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 
 External trackables (e.g. ``cluster.torch.StateDict``) name their own tensors under their path
-through a small protocol: ``_checkpoint_save(path) -> list[Entry]``,
+through a small protocol (:class:`cluster._protocols.ExternalTrackable`):
+``_checkpoint_save(path) -> list[Entry]``,
 ``_checkpoint_restore(path, saved) -> list[Entry]`` (``saved``: the checkpoint's tensors under
 ``path/``, the prefix removed; raise ``ValueError`` for ones it cannot take) and
 ``_distribute_strategy`` (the strategy whose chief writes, or ``None``).
