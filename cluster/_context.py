@@ -6,7 +6,8 @@ pushes a frame holding its :class:`~cluster.strategies.replica.ReplicaContext`. 
 stack the thread is in the default strategy's default replica context, as in TensorFlow.
 
 This module sits below the strategies: it never imports them, and "is this the default
-strategy" is the strategy's own ``_is_default`` class attribute. The default strategy's frame
+strategy" is :func:`is_default`: the default strategy's class, and only it, derives from
+:class:`DefaultStrategyMarker`, defined here. The default strategy's frame
 comes from a factory that the package root (``cluster/__init__.py``) installs with
 :func:`set_default_frame`. Python runs the package root before any module of the package, so the
 factory is in place whatever the user imported first; it imports the strategies only when a
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from cluster.strategies.replica import ReplicaContext
 
 __all__ = [
+    "DefaultStrategyMarker",
     "Frame",
     "current_frame",
     "describe",
@@ -36,6 +38,7 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
     "in_default_context",
+    "is_default",
     "push",
     "set_default_frame",
 ]
@@ -48,6 +51,18 @@ class Frame:
 
     strategy: Strategy
     replica_context: ReplicaContext | None
+
+
+class DefaultStrategyMarker:
+    """A base class of the default strategy's class (``cluster.strategies.default``) and of no
+    other: how this module and the modules below the strategies recognise the default strategy
+    (:func:`is_default`) without importing it, and without an attribute on every Strategy."""
+
+
+def is_default(strategy: Strategy) -> bool:
+    """Whether ``strategy`` is the default strategy (what :func:`get_strategy` returns outside
+    every strategy's scope)."""
+    return isinstance(strategy, DefaultStrategyMarker)
 
 
 _local = threading.local()
@@ -118,7 +133,7 @@ def get_strategy() -> Strategy:
 def has_strategy() -> bool:
     """True inside a non-default strategy's scope or replica context."""
     stack = _stack()
-    return bool(stack) and not stack[-1].strategy._is_default
+    return bool(stack) and not is_default(stack[-1].strategy)
 
 
 def get_replica_context() -> ReplicaContext | None:

@@ -110,3 +110,9 @@ class Accuracy(Mean):
             raise ValueError(f"{self.name}: y_true has shape {y_true.shape} but y_pred has "
                              f"{y_pred.shape}; pass predicted labels (e.g. argmax), not scores")
         super().update_state((y_true == y_pred).astype(self.dtype), sample_weight)
+
+
+def state_variables(metric: Metric) -> list[Variable]:
+    """``metric``'s state variables, in the order it made them (for the checkpoints; not
+    exported)."""
+    return list(metric._state)

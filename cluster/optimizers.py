@@ -79,12 +79,12 @@ class Optimizer:
     def _distributed_apply(self, strategy: Any, pairs: list, aggregate: bool) -> int:
         self._check_strategy(strategy, [v for _, v in pairs])
         fused = self._fused_update()
-        if aggregate and not strategy._is_default and fused is not None \
+        if aggregate and not _context.is_default(strategy) and fused is not None \
                 and strategy.extended.reduce_and_update(pairs, fused):
             self.iterations += 1  # the update ran inside the reduction, once per element
             return self.iterations
         grads = [g for g, _ in pairs]
-        if aggregate and not strategy._is_default:
+        if aggregate and not _context.is_default(strategy):
             grads = strategy.extended.batch_reduce_to("SUM", [(g, v) for g, v in pairs])
         self.iterations += 1
         for grad, variable in zip(grads, (v for _, v in pairs), strict=True):
@@ -103,7 +103,8 @@ class Optimizer:
                     f"{_context.describe(strategy)}; create the variables under the same "
                     "strategy's scope that runs the step"
                 )
-            if owner is None and not strategy._is_default and strategy.num_replicas_in_sync > 1:
+            if owner is None and not _context.is_default(strategy) \
+                    and strategy.num_replicas_in_sync > 1:
                 raise ValueError(
                     f"{self.name}: variable {variable.name} was created outside "
                     f"{_context.describe(strategy)}'s scope; create it under strategy.scope()"
@@ -132,7 +133,7 @@ class Optimizer:
     def _make_slot(self, strategy: Any, variable: Variable, slot: str) -> Variable:
         zeros = xp_of(variable.value()).zeros(variable.shape, variable.dtype)
         name = f"{variable.name.split(':')[0]}/{slot}"
-        if strategy._is_default or not isinstance(variable, DistributedVariable):
+        if _context.is_default(strategy) or not isinstance(variable, DistributedVariable):
             return Variable(zeros, trainable=False, name=name)
         with strategy.scope():
             # Zeros are the same everywhere: no broadcast needed.
@@ -231,3 +232,27 @@ class Adam(Optimizer):
         adam_update(value, grad, slots["m"]._read(), slots["v"]._read(),
                     learning_rate=self.learning_rate, beta_1=self.beta_1, beta_2=self.beta_2,
                     epsilon=self.epsilon, iteration=self.iterations, xp=xp_of(value))
+
+
+# Checkpoints read and create an optimizer's slots through these (not exported): the slot table
+# and the subclasses' slot names stay private to this module.
+
+
+def slot_names(optimizer: Optimizer) -> tuple[str, ...]:
+    """The names of the slots ``optimizer`` keeps per variable (``()``: none)."""
+    return optimizer._slot_names()
+
+
+def slot_table(optimizer: Optimizer) -> dict[int, dict[str, Variable]]:
+    """``optimizer``'s slots made so far, by ``id`` of their variable (read it, do not change
+    it)."""
+    return optimizer._slots
+
+
+def slots_of(optimizer: Optimizer, variable: Variable) -> dict[str, Variable]:
+    """``variable``'s slots in ``optimizer`` by name, made (zeros, under the variable's strategy,
+    else the current one) when it has none yet, e.g. on a restore before the first step."""
+    if id(variable) not in optimizer._slots:
+        strategy = variable._distribute_strategy or _context.get_strategy()
+        optimizer._slots_for(strategy, variable)
+    return optimizer._slots[id(variable)]

@@ -27,9 +27,33 @@ libraries (``os._exit``, a named tuple's ``_replace``) are not this repository's
 ``getattr(obj, "_y")`` is not seen.
 
 The fix for a finding: make the name public where it is defined (inside a private module when
-only its package should use it), or move the code that uses it to the module that owns it.
+only its package should use it), or move the code that uses it to the module that owns it: for
+a private attribute of a user-facing object (a coordinator, a checkpoint, a variable, an
+optimizer), a function of the owning module or an internal object with public names, so the
+user-facing class gains no public surface.
+
+*Protocols* are the exception, declared in one place: the member names of the
+``typing.Protocol`` classes in ``cluster/_protocols.py`` may be used by any module (3 and 4 do
+not apply to them). A protocol belongs there only when it is a cross-module contract that
+several classes implement and that must stay private-looking on user-facing objects; its
+docstring states the contract. Those declared now, and why each is a protocol:
+
+- ``RawVariable`` (``_read``, ``_write``, ``_distribute_strategy``): the raw-array access that
+  every variable kind implements (plain, mirrored, sync-on-read, parameter-server, components)
+  and the optimizers, the strategies and the checkpoints use. Public names would widen
+  ``cluster.Variable``, which mirrors ``tf.Variable``; ``_distribute_strategy`` is TF's own
+  attribute name.
+- ``ExternalTrackable`` (``_checkpoint_save``, ``_checkpoint_restore``, ``_distribute_strategy``):
+  hooks that objects outside ``cluster.checkpoint`` implement (``cluster.torch.StateDict``, a
+  user's own), private-looking as TF's ``Trackable`` hooks are.
+- ``StrategyDrivenOptimizer`` (``_apply_in_replica_context``, ``_update_rule``): what the
+  strategies and the parameter-server values call back on an optimizer; they sit below
+  ``cluster.optimizers`` (which imports them) so they cannot call a function of it, and public
+  methods would widen the Keras-mirroring optimizers.
+
 ``_ALLOWED`` lists the uses that stay for now, each with its reason; an entry that no longer
-matches a use fails the test, so the list only shrinks.
+matches a use fails the test, so the list only shrinks. A protocol name no module uses across
+modules fails the test too, so the exception does not outlive its use.
 """
 
 from __future__ import annotations
@@ -42,85 +66,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("cluster", "worker", "ps", "resolver")
 
-_VARIABLE_PROTOCOL = (
-    "Variable._read/_write and _distribute_strategy (TF's attribute name) are the raw-array "
-    "protocol between cluster.variables, the distributed variables, the optimizers and "
-    "checkpoints: a public name for it is a decision about cluster.Variable's surface (which "
-    "mirrors tf.Variable), not made here")
-_OPTIMIZER_PROTOCOL = (
-    "the optimizers' slots and update rule (_slots, _slots_for, _slot_names, _update_rule, "
-    "_apply_in_replica_context) read by checkpoints, the PS rule and the strategies: public "
-    "names would add to cluster.optimizers.SGD/Adam's Keras-mirroring surface, not decided here")
-_TRACKABLE_PROTOCOL = (
-    "_checkpoint_save/_checkpoint_restore/_state are the hooks external trackables (metrics, "
-    "torch state) implement for cluster.checkpoint; renaming them changes that protocol")
-_PS_INTERNALS = (
-    "the parameter-server strategy's internals (_config, _connections, _handle, _for_config, "
-    "_seed, _invalidate, _spec, _lock, _value, _strategy) shared by "
-    "strategies/parameter_server.py, strategies/_ps_variables.py, checkpoint/_ps.py and "
-    "coordinator/: they belong in one "
-    "private module with public names; not split here")
-_COORDINATOR_INTERNALS = (
-    "ClusterCoordinator's internals (_function_failed, _resources_for, _run_ids, _timeout, "
-    "_runtime, _add_resource, _is_coordinator) and its closures' and remote values' (_set, "
-    "_fail, _wait, _ref, _rid) used across coordinator/*: the same split, not done here")
-_DEFAULT_STRATEGY = (
-    "Strategy._is_default marks the default strategy (set by cluster/strategies/default.py) for "
-    "the context and the variables, which cannot import it (a cycle): a public name would add to "
-    "Strategy's tf.distribute-mirroring surface")
-_CHECKPOINT_INTERNALS = (
-    "Checkpoint._strategy and _commit, read by CheckpointManager: the same package split")
+PROTOCOLS = REPO / "cluster" / "_protocols.py"
 
-_ALLOWED: dict[tuple[str, str], str] = {
-    ("cluster/_context.py", "_is_default"): _DEFAULT_STRATEGY,
-    ("cluster/optimizers.py", "_is_default"): _DEFAULT_STRATEGY,
-    ("cluster/strategies/_variables.py", "_is_default"): _DEFAULT_STRATEGY,
-    ("cluster/checkpoint/_group.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/optimizers.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/strategies/extended.py", "_distribute_strategy"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/optimizers.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/strategies/extended.py", "_read"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_write"): _VARIABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slots"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slots_for"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_slot_names"): _OPTIMIZER_PROTOCOL,
-    ("cluster/_ps_values.py", "_update_rule"): _OPTIMIZER_PROTOCOL,
-    ("cluster/strategies/extended.py", "_apply_in_replica_context"): _OPTIMIZER_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_checkpoint_save"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_checkpoint_restore"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_trackables.py", "_state"): _TRACKABLE_PROTOCOL,
-    ("cluster/checkpoint/_ps.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_spec"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_connections"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_lock"): _PS_INTERNALS,
-    ("cluster/checkpoint/_ps.py", "_value"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_config"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_connections"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_handle"): _PS_INTERNALS,
-    ("cluster/strategies/_ps_variables.py", "_for_config"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_seed"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/strategies/parameter_server.py", "_invalidate"): _PS_INTERNALS,
-    ("cluster/coordinator/_calls.py", "_strategy"): _PS_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_config"): _PS_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_is_coordinator"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_wait"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/coordinator.py", "_ref"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_fail"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_rid"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_closure.py", "_ref"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_function_failed"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_resources_for"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_run_ids"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_timeout"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_runtime"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/_dispatch.py", "_set"): _COORDINATOR_INTERNALS,
-    ("cluster/coordinator/remote_values.py", "_add_resource"): _COORDINATOR_INTERNALS,
-    ("cluster/checkpoint/manager.py", "_strategy"): _CHECKPOINT_INTERNALS,
-    ("cluster/checkpoint/manager.py", "_commit"): _CHECKPOINT_INTERNALS,
-}
+_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:
@@ -160,6 +108,21 @@ def _defined(tree: ast.AST) -> set[str]:
     return {name for name in names if _private(name)}
 
 
+def protocol_names(tree: ast.AST) -> set[str]:
+    """The private member names the ``Protocol`` classes of a module declare."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "Protocol")
+                or (isinstance(b, ast.Attribute) and b.attr == "Protocol") for b in node.bases):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+    return {name for name in names if _private(name)}
+
+
 def _own_object(node: ast.expr) -> bool:
     """``self``, ``cls`` or ``super()``: a class using its own (or inherited) members."""
     if isinstance(node, ast.Name):
@@ -178,10 +141,12 @@ def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
 
 
 def find_uses(module: str, tree: ast.AST, *, modules: set[str], is_package: bool,
-              project_private: set[str]) -> Iterator[tuple[int, str, str]]:
+              project_private: set[str],
+              protocol: frozenset[str] = frozenset()) -> Iterator[tuple[int, str, str]]:
     """``(line, name, how)`` for each use of another module's private name in ``tree``, the
-    source of ``module``; ``modules`` are the dotted names of every checked module and
-    ``project_private`` the private names they define."""
+    source of ``module``; ``modules`` are the dotted names of every checked module,
+    ``project_private`` the private names they define and ``protocol`` the member names of the
+    declared protocols (used freely)."""
     own = _defined(tree)
     aliases: dict[str, str] = {}  # local name -> module it is bound to
     for node in ast.walk(tree):
@@ -208,26 +173,34 @@ def find_uses(module: str, tree: ast.AST, *, modules: set[str], is_package: bool
                 if f"{aliases[target.id]}.{node.attr}" not in modules:
                     yield node.lineno, node.attr, f"{target.id}.{node.attr}"
                 continue
-            if node.attr in project_private and node.attr not in own:
+            if node.attr in project_private and node.attr not in own \
+                    and node.attr not in protocol:
                 yield node.lineno, node.attr, f"{ast.unparse(target)[:40]}.{node.attr}"
         elif isinstance(node, ast.keyword) and node.arg and _private(node.arg) \
-                and node.arg not in own:
+                and node.arg not in own and node.arg not in protocol:
             yield node.lineno, node.arg, f"keyword {node.arg}="
 
 
 @functools.cache
-def _all_uses() -> list[tuple[str, int, str, str]]:
+def _protocol() -> frozenset[str]:
+    return frozenset(protocol_names(ast.parse(PROTOCOLS.read_text(), filename=str(PROTOCOLS))))
+
+
+@functools.cache
+def _all_uses(with_protocol: bool = True) -> list[tuple[str, int, str, str]]:
     sources = _sources()
     trees = {name: ast.parse(path.read_text(), filename=str(path))
              for name, path in sources.items()}
     project_private = set().union(*(_defined(tree) for tree in trees.values()))
+    protocol = _protocol() if with_protocol else frozenset()
     uses = []
     for name, tree in trees.items():
         path = sources[name]
         rel = str(path.relative_to(REPO))
         for line, private, how in find_uses(name, tree, modules=set(sources),
                                             is_package=path.name == "__init__.py",
-                                            project_private=project_private):
+                                            project_private=project_private,
+                                            protocol=protocol):
             uses.append((rel, line, private, how))
     return sorted(uses)
 
@@ -245,6 +218,15 @@ def test_every_allowed_use_still_exists() -> None:
     used = {(path, name) for path, _, name, _ in _all_uses()}
     stale = sorted(set(_ALLOWED) - used)
     assert not stale, f"remove these entries from _ALLOWED, the uses are gone: {stale}"
+
+
+def test_every_protocol_name_is_used_across_modules() -> None:
+    declared = _protocol()
+    assert declared, f"no protocol names found in {PROTOCOLS.relative_to(REPO)}"
+    used = {name for _, _, name, _ in _all_uses(with_protocol=False)}
+    assert declared <= used, (
+        f"{sorted(declared - used)} are declared in {PROTOCOLS.relative_to(REPO)} but no module "
+        "uses them across modules: remove them from the protocol")
 
 
 def _uses_in(source: str, module: str = "cluster.a") -> list[tuple[int, str]]:
@@ -269,3 +251,16 @@ def test_the_rule_leaves_a_modules_own_names_and_private_modules_alone() -> None
                     "        return other._secret + self._secret + super()._secret") == []
     assert _uses_in("import os\nos._exit(0)\nx._replace(a=1)") == []  # not this project's names
     assert _uses_in("def _helper(_secret): pass\n_helper(_secret=1)") == []
+
+
+def test_the_rule_accepts_only_the_names_a_protocol_declares() -> None:
+    protocols = ast.parse("from typing import Protocol\nclass P(Protocol):\n"
+                          "    def _secret(self): ...\nclass Q:\n    def _helper(self): ...\n")
+    assert protocol_names(protocols) == {"_secret"}
+    tree = ast.parse("def f(k):\n    return k._secret, k._helper")
+    others = ast.parse("def _helper(): pass\nclass K:\n    def __init__(self):\n"
+                       "        self._secret = 1\n")
+    found = [name for _, name, _ in find_uses(
+        "cluster.a", tree, modules={"cluster.a"}, is_package=False,
+        project_private=_defined(others), protocol=frozenset(protocol_names(protocols)))]
+    assert found == ["_helper"]

@@ -42,7 +42,13 @@ import numpy as np
 from cluster._ps_values import OptimizerSpec
 from cluster.optimizers import Optimizer
 from cluster.ps.partitioners import Shard
-from cluster.strategies._ps_variables import PsVariable, refresh
+from cluster.strategies._ps_variables import (
+    PsVariable,
+    connections_of,
+    pulled_values,
+    shards_of,
+    strategy_of,
+)
 
 #: An entry's fields (``_trackables.Entry(*fields)``): name, dtype, shape, read, apply.
 EntryFields = tuple[str, np.dtype, tuple[int, ...], Callable[[], np.ndarray],
@@ -64,29 +70,16 @@ class PsSnapshot:
         self._variables = list(variables)
         self._values: dict[int, np.ndarray] | None = None
 
-    def _pull(self) -> dict[int, np.ndarray]:
-        by_strategy: dict[int, list[PsVariable]] = {}
-        for variable in self._variables:
-            by_strategy.setdefault(id(variable._strategy), []).append(variable)
-        values: dict[int, np.ndarray] = {}
-        for group in by_strategy.values():
-            refresh(group)  # pulls every shard newer than the handle's cached one
-            for variable in group:
-                with variable._lock:
-                    assert variable._value is not None  # refresh pulled every shard
-                    values[id(variable)] = np.array(variable._value, copy=True)
-        return values
-
     def get(self, variable: PsVariable) -> np.ndarray:
         if self._values is None:
-            self._values = self._pull()
+            self._values = pulled_values(self._variables)
         return self._values[id(variable)]
 
 
 def _split(variable: PsVariable, array: np.ndarray) -> list[tuple[Shard, np.ndarray]]:
     """``array`` (the logical variable's shape) cut into ``variable``'s shards."""
     return [(shard, array[shard.offset:shard.offset + shard.shape[0]] if shard.shape else array)
-            for shard in variable._spec.shards]
+            for shard in shards_of(variable)]
 
 
 def _spec_of(optimizer: Optimizer) -> OptimizerSpec | None:
@@ -103,23 +96,23 @@ class _SlotState:
         self.by_shard: dict[str, tuple] = {}
         by_strategy: dict[int, list[PsVariable]] = {}
         for variable in variables:
-            by_strategy.setdefault(id(variable._strategy), []).append(variable)
+            by_strategy.setdefault(id(strategy_of(variable)), []).append(variable)
         for group in by_strategy.values():
             requests: dict[int, list[str]] = {}
             for variable in group:
-                for shard in variable._spec.shards:
+                for shard in shards_of(variable):
                     requests.setdefault(shard.ps, []).append(shard.name)
-            connections = group[0]._strategy.extended._connections
+            connections = connections_of(group[0])
             self.by_shard.update(connections.read_slots(requests))
 
     def optimizer(self, variable: PsVariable) -> OptimizerSpec | None:
-        return self.by_shard[variable._spec.shards[0].name][0]
+        return self.by_shard[shards_of(variable)[0].name][0]
 
     def iterations(self, variable: PsVariable) -> np.ndarray:
-        return np.array(self.by_shard[variable._spec.shards[0].name][1], np.int64)
+        return np.array(self.by_shard[shards_of(variable)[0].name][1], np.int64)
 
     def slot(self, variable: PsVariable, slot: str) -> np.ndarray:
-        parts = [self.by_shard[shard.name][2][slot] for shard in variable._spec.shards]
+        parts = [self.by_shard[shard.name][2][slot] for shard in shards_of(variable)]
         return parts[0].copy() if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
@@ -131,9 +124,9 @@ def _slot_names(path: str, var_path: str, spec: OptimizerSpec) -> list[tuple[str
 def _slot_entry(name: str, variable: PsVariable, spec: OptimizerSpec, slot: str | None,
                 read: Any) -> EntryFields:
     def apply(array: np.ndarray) -> None:
-        connections = variable._strategy.extended._connections
+        connections = connections_of(variable)
         if slot is None:
-            for shard in variable._spec.shards:
+            for shard in shards_of(variable):
                 connections.write_slots(shard.ps, shard.name, spec, iterations=int(array))
             return
         for shard, rows in _split(variable, np.asarray(array)):

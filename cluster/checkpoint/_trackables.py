@@ -27,7 +27,8 @@ Parameter-server variables save their whole logical value and their optimizer st
 from the ps tasks (:mod:`cluster.checkpoint._ps`), also under the names above.
 
 External trackables (e.g. ``cluster.torch.StateDict``) name their own tensors under their path
-through a small protocol: ``_checkpoint_save(path) -> list[Entry]``,
+through a small protocol (:class:`cluster._protocols.ExternalTrackable`):
+``_checkpoint_save(path) -> list[Entry]``,
 ``_checkpoint_restore(path, saved) -> list[Entry]`` (``saved``: the checkpoint's tensors under
 ``path/``, the prefix removed; raise ``ValueError`` for ones it cannot take) and
 ``_distribute_strategy`` (the strategy whose chief writes, or ``None``).
@@ -42,11 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from cluster import _context
 from cluster.checkpoint import _iterators, _ps, _rng
 from cluster.data import DistributedIterator
-from cluster.metrics import Metric
-from cluster.optimizers import Optimizer
+from cluster.metrics import Metric, state_variables
+from cluster.optimizers import Optimizer, slot_names, slot_table, slots_of
 from cluster.strategies import DistributedVariable
 from cluster.strategies._variables import SyncOnReadVariable
 from cluster.variables import Variable, VariableAggregation, convert_for
@@ -170,10 +170,7 @@ def _iterations_entry(name: str, optimizer: Optimizer) -> Entry:
 
 def _slot_entry(name: str, optimizer: Optimizer, variable: Variable, slot: str) -> Entry:
     def slot_variable() -> Variable:
-        if id(variable) not in optimizer._slots:  # restored before the first step: create them
-            strategy = variable._distribute_strategy or _context.get_strategy()
-            optimizer._slots_for(strategy, variable)
-        return optimizer._slots[id(variable)][slot]
+        return slots_of(optimizer, variable)[slot]  # restored before the first step: made
 
     return Entry(name, np.dtype(variable.dtype), tuple(variable.shape),
                  lambda: _read_variable(slot_variable()),
@@ -206,7 +203,7 @@ def save_entries(leaves: list[tuple[str, Any]]) -> list[Entry]:
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
             by_id = {id(v): v for _, v in leaves if isinstance(v, Variable)}
-            for var_id, slots in leaf._slots.items():
+            for var_id, slots in slot_table(leaf).items():
                 if var_id not in var_paths:
                     names = ", ".join(s.name for s in slots.values())
                     raise ValueError(
@@ -232,7 +229,7 @@ def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
     if isinstance(leaf, random.Random):
         return [Entry(*_rng.random_entry_parts(path, leaf))]
     return [_variable_entry(f"{path}/{_metric_state_name(leaf, state)}", state)
-            for state in leaf._state]
+            for state in state_variables(leaf)]
 
 
 def restore_plan(leaves: list[tuple[str, Any]], tensors: dict[str, np.ndarray]) -> list[Entry]:
@@ -257,11 +254,11 @@ def restore_plan(leaves: list[tuple[str, Any]], tensors: dict[str, np.ndarray]) 
         elif isinstance(leaf, Optimizer):
             entries.append(_iterations_entry(path, leaf))
             for var_path, variable in variables:
-                for slot in leaf._slot_names():
+                for slot in slot_names(leaf):
                     name = f"{path}/slots/{var_path}/{slot}"
                     if name in names:
                         entries.append(_slot_entry(name, leaf, variable, slot))
-                    elif id(variable) in leaf._slots:
+                    elif id(variable) in slot_table(leaf):
                         raise ValueError(
                             f"Checkpoint: restoring would leave optimizer slot {name} as it is "
                             "(the checkpoint has none; it was saved before the first step)")
@@ -287,7 +284,7 @@ def variables_of(leaves: list[tuple[str, Any]]) -> list[Any]:
         if isinstance(leaf, Variable) or is_external(leaf):
             found.append(leaf)
         elif isinstance(leaf, Metric):
-            found.extend(leaf._state)
+            found.extend(state_variables(leaf))
     return found
 
 

@@ -130,3 +130,18 @@ class Checkpoint:
             raise CheckpointCorruptError(f"checkpoint {path} does not exist or is not a "
                                          "checkpoint directory", path=path)
         return _format.read_checkpoint(path)
+
+
+# CheckpointManager (this package's manager.py) saves through these; they are not exported.
+
+
+def is_writer(checkpoint: Checkpoint) -> bool:
+    """Whether this task writes ``checkpoint``'s files (the chief under a multi-worker
+    strategy, every task otherwise)."""
+    return _group.is_writer(checkpoint._strategy)
+
+
+def commit(checkpoint: Checkpoint, path: str | os.PathLike, step: int | None,
+           after: Callable[[], None] | None) -> str:
+    """Write ``checkpoint`` at ``path``, then ``after()`` on the writer, as one group step."""
+    return checkpoint._commit(path, step, after)

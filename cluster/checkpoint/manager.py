@@ -8,9 +8,9 @@ import re
 import shutil
 import warnings
 
-from cluster.checkpoint import _format, _group
+from cluster.checkpoint import _format
 from cluster.checkpoint._directory import plan_names, read_directory_index, record_checkpoint
-from cluster.checkpoint.checkpoint import Checkpoint
+from cluster.checkpoint.checkpoint import Checkpoint, commit, is_writer
 from cluster.errors import CheckpointCorruptError
 
 __all__ = ["CheckpointManager"]
@@ -44,7 +44,7 @@ class CheckpointManager:
         self._max_to_keep = max_to_keep
         self._name = checkpoint_name
         # Under MultiWorkerMirroredStrategy only the chief writes (and cleans) the directory.
-        writer = _group.is_writer(checkpoint._strategy)
+        writer = is_writer(checkpoint)
         os.makedirs(self._directory, exist_ok=True)
         for entry in os.listdir(self._directory) if writer else ():
             if _format.is_temporary(entry):  # left by a save that was killed
@@ -107,8 +107,8 @@ class CheckpointManager:
                               known=self._names)
 
         try:
-            path = ckpt._commit(os.path.join(self._directory, name), checkpoint_number,
-                                after=record)
+            path = commit(ckpt, os.path.join(self._directory, name), checkpoint_number,
+                          after=record)
         except BaseException:
             ckpt.save_counter -= 1
             raise

@@ -88,7 +88,7 @@ class WorkerState:
                                                            **self._resolve(spec.kwargs))
                 args, kwargs = self._resolve(args), self._resolve(kwargs)
                 with function_scope(sync):
-                    _prefetch(handles)
+                    refresh(handles)  # one request per ps task per strategy
                     try:
                         result = fn(*args, **kwargs)
                     except StopIteration as e:
@@ -98,15 +98,6 @@ class WorkerState:
                 return Outcome(True, cloudpickle.dumps(result))
             except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
                 return _failure(e)
-
-
-def _prefetch(handles: list) -> None:
-    """Pull every variable the call carries, one request per ps task per strategy."""
-    by_strategy: dict[int, list] = {}
-    for handle in handles:
-        by_strategy.setdefault(id(handle._strategy), []).append(handle)
-    for group in by_strategy.values():
-        refresh(group)
 
 
 def _failure(error: BaseException) -> Outcome:

@@ -9,7 +9,12 @@ from typing import Any
 import cloudpickle
 
 from cluster import _nest
-from cluster.coordinator.remote_values import PerWorkerValues, RemoteValue
+from cluster.coordinator.remote_values import (
+    PerWorkerValues,
+    RemoteValue,
+    resource_ref,
+    set_error,
+)
 from cluster.strategies._ps_variables import SyncSlot
 
 __all__ = ["Closure"]
@@ -34,7 +39,7 @@ class Closure:
     generation: int = 0
 
     def fail(self, error: BaseException) -> None:
-        self.value._fail(error)
+        set_error(self.value, error)
 
     def prepare(self) -> None:
         """Pickle the body (once): per-worker values become refs, RemoteValues their results
@@ -45,8 +50,9 @@ class Closure:
 
         def swap(leaf: Any) -> Any:
             if isinstance(leaf, PerWorkerValues):
-                refs.append(leaf._rid)
-                return leaf._ref()
+                ref = resource_ref(leaf)
+                refs.append(ref.rid)
+                return ref
             if isinstance(leaf, RemoteValue):
                 return leaf.fetch()
             return leaf

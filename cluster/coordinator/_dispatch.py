@@ -13,6 +13,7 @@ A dispatcher thread alternates between two states, and waits on events in both, 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -23,9 +24,11 @@ import cloudpickle
 from cluster.coordinator._calls import Call
 from cluster.coordinator._closure import Closure
 from cluster.coordinator._reply_mac import verify_reply
+from cluster.coordinator.remote_values import set_result
 from cluster.errors import (
     ClusterError,
     PeerUnavailableError,
+    PsUnavailableError,
     RemoteFunctionError,
     UnauthenticatedError,
 )
@@ -36,9 +39,11 @@ from cluster.transport.names import host_of, peer_names
 from cluster.transport.worker_client import PendingCall, WorkerClient
 
 if TYPE_CHECKING:
-    from cluster.coordinator.coordinator import ClusterCoordinator
+    from cluster.coordinator._queue import ClosureQueue
+    from cluster.coordinator._resources import Resources
+    from cluster.settings import TaskSettings
 
-__all__ = ["WorkerDispatcher"]
+__all__ = ["Dispatch", "WorkerDispatcher"]
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +51,42 @@ log = logging.getLogger(__name__)
 _CHECK_TIMEOUT = 10.0
 
 
-class WorkerDispatcher:
-    """Runs the closures of ``coordinator``'s queue on worker ``index`` through ``client``."""
+class Dispatch:
+    """What a coordinator's dispatchers share: its queue, its resources, the task's settings
+    and token, the run ids, and how a function's failure is recorded."""
 
-    def __init__(self, coordinator: ClusterCoordinator, index: int,
-                 client: WorkerClient) -> None:
+    def __init__(self, queue: ClosureQueue, resources: Resources, settings: TaskSettings,
+                 token: Any) -> None:
+        self.queue = queue
+        self.resources = resources
+        self.settings = settings
+        self.token = token
+        self.run_ids = itertools.count(1)
+
+    def function_failed(self, closure: Closure, error: BaseException) -> None:
+        """``closure`` failed with ``error``: its value raises it, and so do ``join`` and the
+        next ``schedule`` (a lost parameter server fails everything, for good)."""
+        closure.fail(error)
+        # PsConnections types a lost parameter server as PsUnavailableError on every task.
+        if isinstance(error, PsUnavailableError):
+            self.queue.finished(closure)
+            self.queue.fail(error, fatal=True)
+        else:
+            self.queue.finished(closure, error)
+
+
+class WorkerDispatcher:
+    """Runs the closures of ``dispatch``'s queue on worker ``index`` through ``client``."""
+
+    def __init__(self, dispatch: Dispatch, index: int, client: WorkerClient) -> None:
         self.index = index
         self.client = client
         self.task = client.peer.task
         self.address = client.peer.address
-        self._coordinator = coordinator
-        self._queue = coordinator._queue
-        self._settings = coordinator._runtime.settings
-        self._token = coordinator._runtime.token
+        self._dispatch = dispatch
+        self._queue = dispatch.queue
+        self._settings = dispatch.settings
+        self._token = dispatch.token
         self._incarnation: int | None = None
         self._created: set[int] = set()
         self._monitor: HeartbeatMonitor | None = None
@@ -173,25 +201,25 @@ class WorkerDispatcher:
                 self._execute(closure)
             except Exception as e:  # noqa: BLE001 - a bug here must fail the closure, not hang
                 log.exception("%s: dispatching function #%d failed", self.task, closure.seq)
-                self._coordinator._function_failed(closure, e)
+                self._dispatch.function_failed(closure, e)
 
     def _execute(self, closure: Closure) -> None:
-        coordinator = self._coordinator
+        dispatch = self._dispatch
         try:
             closure.prepare()
         except BaseException as e:  # noqa: BLE001 - e.g. a RemoteValue argument that failed
-            coordinator._function_failed(closure, e)
+            dispatch.function_failed(closure, e)
             return
-        resources = coordinator._resources_for(closure.refs, self._created)
+        resources = dispatch.resources.missing(closure.refs, self._created)
         payload = cloudpickle.dumps(Call(closure.body, tuple(resources)))
-        run_id = next(coordinator._run_ids)
+        run_id = next(dispatch.run_ids)
         nonce = os.urandom(16)
         sync = closure.sync
         request = coordinator_pb2.RunRequest(
             run_id=run_id, payload=payload, nonce=nonce,
             sync_step=sync.step if sync else 0, contributor=sync.contributor if sync else 0,
             num_contributors=sync.num_contributors if sync else 0)
-        call = self.client.run(request, timeout=coordinator._timeout,
+        call = self.client.run(request, timeout=dispatch.settings.function_timeout,
                                activity=f"function #{closure.seq}", setting=ENV_FUNCTION_TIMEOUT)
         self._wait(call, lost_too=True)
         if not call.done():  # the worker was lost, or the coordinator stops
@@ -211,7 +239,7 @@ class WorkerDispatcher:
             self._queue.fail(e, fatal=True)
             return
         except ClusterError as e:  # FunctionTimeoutError, or the worker failed the call
-            coordinator._function_failed(closure, e)
+            dispatch.function_failed(closure, e)
             return
         self._created.update(r.rid for r in resources)
         self._finish(closure, run_id, nonce, reply)
@@ -231,12 +259,12 @@ class WorkerDispatcher:
             try:
                 value = cloudpickle.loads(reply.payload)
             except Exception as e:  # noqa: BLE001 - a result the chief cannot rebuild
-                self._coordinator._function_failed(closure, e)
+                self._dispatch.function_failed(closure, e)
                 return
-            closure.value._set(value)
+            set_result(closure.value, value)
             self._queue.finished(closure)
             return
-        self._coordinator._function_failed(closure, self._remote_error(closure, reply))
+        self._dispatch.function_failed(closure, self._remote_error(closure, reply))
 
     def _remote_error(self, closure: Closure,
                       reply: coordinator_pb2.RunReply) -> BaseException:

@@ -36,17 +36,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
-
 from cluster import _nest
-from cluster.coordinator._calls import ResourceRef, ResourceSpec
 from cluster.coordinator._closure import Closure
-from cluster.coordinator._dispatch import WorkerDispatcher
+from cluster.coordinator._dispatch import Dispatch, WorkerDispatcher
 from cluster.coordinator._queue import ClosureQueue
+from cluster.coordinator._resources import Resources
 from cluster.coordinator.remote_values import PerWorkerDataset, PerWorkerValues, RemoteValue
 from cluster.errors import PeerUnavailableError, PsUnavailableError
 from cluster.strategies._ps_variables import SyncSlot
-from cluster.strategies.parameter_server import ParameterServerStrategy
+from cluster.strategies.parameter_server import (
+    ParameterServerStrategy,
+    config_of,
+    runtime_of,
+)
 from cluster.transport.api import PeerInfo
 from cluster.transport.ps_client import PsWatch
 from cluster.transport.worker_client import WorkerClient
@@ -86,23 +88,20 @@ class ClusterCoordinator:
         if not isinstance(strategy, ParameterServerStrategy):
             raise ValueError("Only cluster.ParameterServerStrategy is supported to work with "
                              f"ClusterCoordinator, got {type(strategy).__name__}")
-        if not strategy.extended._is_coordinator:
+        if not strategy.extended.is_chief:
             raise RuntimeError("ClusterCoordinator runs on the coordinator (the chief), not "
                                "inside a scheduled function")
-        rt = strategy._runtime
+        rt = runtime_of(strategy)
         self._strategy = strategy
         self._runtime = rt
-        self._timeout = rt.settings.function_timeout
-        workers = strategy._config.worker_tasks
+        workers = config_of(strategy).worker_tasks
         self._num_workers = len(workers)
         self._queue = ClosureQueue(strategy.synchronous, self._num_workers)
         self._seq = itertools.count()
-        self._run_ids = itertools.count(1)
-        self._rids = itertools.count(1)
-        self._resources: dict[int, ResourceSpec] = {}
-        self._resource_lock = threading.Lock()
+        self._resources = Resources()
+        dispatch = Dispatch(self._queue, self._resources, rt.settings, rt.token)
         self._workers = [
-            WorkerDispatcher(self, i, WorkerClient(task, address, rt.token, me=rt.task))
+            WorkerDispatcher(dispatch, i, WorkerClient(task, address, rt.token, me=rt.task))
             for i, (task, address) in enumerate(workers)]
         self._ps_watch = self._watch_parameter_servers()
         self._watchdog = threading.Thread(target=self._watch_workers, name="coordinator-watch",
@@ -134,11 +133,10 @@ class ClusterCoordinator:
         if self._strategy.synchronous:
             n = self._num_workers
             sync = SyncSlot(step=seq // n, contributor=seq % n, num_contributors=n)
-        closure = Closure(seq, fn, args, kwargs, RemoteValue(), sync)
+        closure = Closure(seq, fn, args, kwargs, RemoteValue(wait=self._queue.wait), sync)
         leaves = _nest.flatten((args, kwargs))
         if not any(isinstance(leaf, RemoteValue) for leaf in leaves):
             closure.prepare()  # pickling errors surface here, in the caller
-        closure.value._wait = self._queue.wait
         self._queue.put(closure)
         return closure.value
 
@@ -168,19 +166,6 @@ class ClusterCoordinator:
 
     # -- per-worker values -----------------------------------------------------------------------
 
-    def _add_resource(self, fn: Callable[..., Any], args: tuple = (),
-                      kwargs: dict | None = None) -> int:
-        def swap(leaf: Any) -> Any:
-            return leaf._ref() if isinstance(leaf, PerWorkerValues) else leaf
-
-        rid = next(self._rids)
-        spec = ResourceSpec(rid, fn, _nest.map_structure(swap, tuple(args)),
-                            _nest.map_structure(swap, dict(kwargs or {})))
-        cloudpickle.dumps(spec)  # fail here, not on every worker, if it cannot travel
-        with self._resource_lock:
-            self._resources[rid] = spec
-        return rid
-
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """``dataset_fn()`` on every worker (lazily, and again on a worker that restarts);
         ``iter()`` of the result gives one iterator per worker to pass to :meth:`schedule`.
@@ -189,39 +174,21 @@ class ClusterCoordinator:
         if not callable(dataset_fn):
             raise TypeError("create_per_worker_dataset: dataset_fn must be a callable that "
                             f"returns an iterable, got {type(dataset_fn).__name__}")
-        return PerWorkerDataset(self, self._add_resource(_make_dataset, (dataset_fn,)))
+        return PerWorkerDataset(self._resources,
+                                self._resources.add(_make_dataset, (dataset_fn,)))
 
     def _create_per_worker_resources(self, fn: Callable[..., Any], args: Any = None,
                                      kwargs: Any = None) -> PerWorkerValues:
         """``fn(*args, **kwargs)`` once on every worker, as TF's private method of this name."""
-        return PerWorkerValues(self, self._add_resource(fn, tuple(args or ()), kwargs))
-
-    def _resources_for(self, refs: tuple[int, ...], created: set[int]) -> list[ResourceSpec]:
-        """The specs a worker lacks for ``refs``, dependencies first."""
-        out: list[ResourceSpec] = []
-        seen: set[int] = set(created)
-
-        def need(rid: int) -> None:
-            if rid in seen:
-                return
-            seen.add(rid)
-            with self._resource_lock:
-                spec = self._resources[rid]
-            for leaf in _nest.flatten((spec.args, spec.kwargs)):
-                if isinstance(leaf, ResourceRef):
-                    need(leaf.rid)
-            out.append(spec)
-
-        for rid in refs:
-            need(rid)
-        return out
+        return PerWorkerValues(self._resources,
+                               self._resources.add(fn, tuple(args or ()), kwargs))
 
     # -- failures ------------------------------------------------------------------------------
 
     def _watch_parameter_servers(self) -> PsWatch:
         settings = self._runtime.settings
         peers = [PeerInfo(i, task, address)
-                 for i, (task, address) in enumerate(self._strategy._config.ps_tasks)]
+                 for i, (task, address) in enumerate(config_of(self._strategy).ps_tasks)]
 
         def gone(peer: PeerInfo, error: PeerUnavailableError | None) -> None:
             why = str(error) if error is not None else f"{peer} shut down"
@@ -243,15 +210,6 @@ class ClusterCoordinator:
             self._queue.fail(PeerUnavailableError(
                 f"no worker has served for {budget:g} s while functions wait: {listed}",
                 task=first.task, address=first.address))
-
-    def _function_failed(self, closure: Closure, error: BaseException) -> None:
-        closure.fail(error)
-        # PsConnections types a lost parameter server as PsUnavailableError on every task.
-        if isinstance(error, PsUnavailableError):
-            self._queue.finished(closure)
-            self._queue.fail(error, fatal=True)
-        else:
-            self._queue.finished(closure, error)
 
     def _close(self) -> None:
         if self._closed.is_set():

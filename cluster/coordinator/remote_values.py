@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.coordinator._calls import ResourceRef
 
 if TYPE_CHECKING:
-    from cluster.coordinator.coordinator import ClusterCoordinator
+    from cluster.coordinator._resources import Resources
 
 __all__ = ["PerWorkerDataset", "PerWorkerIterator", "PerWorkerValues", "RemoteValue"]
 
@@ -23,12 +23,12 @@ class RemoteValue:
     function failed, or :class:`~cluster.errors.PsUnavailableError` when a parameter server died.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wait: Callable[[Callable[[], bool]], None] | None = None) -> None:
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
         # The coordinator's wait: until the predicate holds, raising a fatal error meanwhile.
-        self._wait: Callable[[Callable[[], bool]], None] | None = None
+        self._wait = wait
 
     def _set(self, value: Any) -> None:
         if not self._done.is_set():
@@ -68,8 +68,8 @@ class PerWorkerValues:
     restarts). Pass it to ``schedule``: the function receives the running worker's own value.
     """
 
-    def __init__(self, coordinator: ClusterCoordinator, rid: int) -> None:
-        self._coordinator = coordinator
+    def __init__(self, resources: Resources, rid: int) -> None:
+        self._resources = resources
         self._rid = rid
 
     def _ref(self) -> ResourceRef:
@@ -87,8 +87,8 @@ class PerWorkerDataset(PerWorkerValues):
     """What ``create_per_worker_dataset`` returns; ``iter()`` gives a :class:`PerWorkerIterator`."""
 
     def __iter__(self) -> PerWorkerIterator:
-        rid = self._coordinator._add_resource(iter, (self._ref(),))
-        return PerWorkerIterator(self._coordinator, rid)
+        rid = self._resources.add(iter, (self._ref(),))
+        return PerWorkerIterator(self._resources, rid)
 
 
 class PerWorkerIterator(PerWorkerValues):
@@ -101,3 +101,22 @@ class PerWorkerIterator(PerWorkerValues):
     def __next__(self) -> Any:
         raise TypeError("a per-worker iterator is read on the workers: pass it to "
                         "coordinator.schedule(fn, args=(iterator,)) and call next() in fn")
+
+
+# The coordinator's modules settle remote values and pass per-worker values through these;
+# they are not exported.
+
+
+def set_result(value: RemoteValue, result: Any) -> None:
+    """Complete ``value`` with ``result`` (no effect once it is done)."""
+    value._set(result)
+
+
+def set_error(value: RemoteValue, error: BaseException) -> None:
+    """Complete ``value`` with ``error`` (no effect once it is done)."""
+    value._fail(error)
+
+
+def resource_ref(values: PerWorkerValues) -> ResourceRef:
+    """How ``values`` travels to a worker: a reference to its resource there."""
+    return values._ref()

@@ -11,16 +11,24 @@ task), and reads return that snapshot until the function itself writes the varia
 step of TF's parameter-server training reads each variable once. Outside a function scope every
 read asks the parameter server.
 
-Handles pickle as their :class:`VariableSpec` (never their value): a function sent to a worker
-carries handles that the worker binds to its own connections (``_rebuild_variable``). The
-strategy's class travels by reference and rebuilds the strategy (``_for_config``), so this
-module never imports :mod:`cluster.strategies.parameter_server`, which imports it.
+A handle reaches its strategy only through its :class:`PsBinding` (the strategy, its
+configuration, its connections to the ps tasks, its table of handles). Handles pickle as their
+:class:`VariableSpec` (never their value): a function sent to a worker carries handles that the
+worker binds to its own connections (``_rebuild_variable``). The binding's ``for_config`` (a
+function of :mod:`cluster.strategies.parameter_server`) travels by reference and finds this
+process's binding for the configuration, so this module never imports that module, which
+imports it.
+
+The functions at the end (:func:`refresh`, :func:`pulled_values`, :func:`shards_of`,
+:func:`connections_of`, :func:`strategy_of`, :func:`seed`, :func:`invalidate`) are how the
+strategy, the coordinator's calls and the parameter-server checkpoints work with handles;
+handles have no public methods beyond a variable's, since users hold them as variables.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,14 +45,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FunctionScope",
+    "PsBinding",
     "PsVariable",
     "ShardedVariable",
     "SyncSlot",
     "VariableSpec",
     "collect_handles",
+    "connections_of",
     "current_scope",
     "function_scope",
+    "invalidate",
+    "pulled_values",
     "refresh",
+    "seed",
+    "shards_of",
+    "strategy_of",
 ]
 
 
@@ -59,6 +74,21 @@ class VariableSpec:
     synchronization: str
     aggregation: str
     shards: tuple[Shard, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class PsBinding:
+    """What the handles of one :class:`~cluster.ParameterServerStrategy` need of it, in this
+    process: the strategy; its ``config`` (a ``StrategyConfig``); its ``connections`` (a
+    ``PsConnections``) to the ps tasks; ``handle(spec)``, the strategy's one handle for a
+    variable; and ``for_config(config)``, a module-level function that finds this process's
+    binding for ``config`` (pickled by reference with each handle)."""
+
+    strategy: ParameterServerStrategy
+    config: Any
+    connections: Any
+    handle: Callable[[VariableSpec], PsVariable]
+    for_config: Callable[[Any], PsBinding]
 
 
 @dataclass(frozen=True)
@@ -125,8 +155,9 @@ class PsVariable(Variable):
     shard); ``optimizer.apply_gradients`` pushes gradients, applied there.
     """
 
-    def __init__(self, strategy: ParameterServerStrategy, spec: VariableSpec) -> None:
-        self._strategy = strategy
+    def __init__(self, binding: PsBinding, spec: VariableSpec) -> None:
+        self._binding = binding
+        self._strategy = binding.strategy
         self._spec = spec
         self._name = spec.name
         self._trainable = spec.trainable
@@ -158,7 +189,8 @@ class PsVariable(Variable):
         return f"/job:ps/replica:0/task:{self._spec.shards[0].ps}/device:CPU:0"
 
     def __reduce__(self) -> tuple:
-        return (_rebuild_variable, (type(self._strategy), self._strategy._config, self._spec))
+        binding = self._binding
+        return (_rebuild_variable, (binding.for_config, binding.config, self._spec))
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -197,7 +229,7 @@ class PsVariable(Variable):
         array = convert_for(self, value, what)
         array = array.get() if xp_of(array) is not np else np.asarray(array)
         array = np.array(np.broadcast_to(array, self.shape), order="C")  # 0-d stays 0-d
-        connections = self._strategy.extended._connections
+        connections = self._binding.connections
         for shard in self._spec.shards:
             rows = array[shard.offset:shard.offset + shard.shape[0]] if shard.shape else array
             connections.assign(shard.ps, shard.name, rows, mode)
@@ -235,7 +267,7 @@ class ShardedVariable(PsVariable):
             spec = VariableSpec(f"{base}/part_{i}:0", shard.shape, self._spec.dtype,
                                 self._spec.trainable, self._spec.synchronization,
                                 self._spec.aggregation, (shard.alone(),))
-            out.append(self._strategy.extended._handle(spec))
+            out.append(self._binding.handle(spec))
         return out
 
 
@@ -246,9 +278,17 @@ def _join(parts: Sequence[np.ndarray | None]) -> np.ndarray | None:
 
 
 def refresh(variables: Sequence[PsVariable]) -> None:
-    """Pull every shard of ``variables`` that changed, in one request per ps task."""
-    if not variables:
-        return
+    """Pull every shard of ``variables`` that changed, in one request per ps task and strategy
+    (the strategies one after another)."""
+    by_binding: dict[int, list[PsVariable]] = {}
+    for variable in variables:
+        by_binding.setdefault(id(variable._binding), []).append(variable)
+    for group in by_binding.values():
+        _refresh(group)
+
+
+def _refresh(variables: list[PsVariable]) -> None:
+    """:func:`refresh` for ``variables`` of one strategy."""
     requests: dict[int, list[tuple[str, int]]] = {}
     seen: set[str] = set()
     for variable in variables:
@@ -259,7 +299,7 @@ def refresh(variables: Sequence[PsVariable]) -> None:
     scope = current_scope()
     # A synchronous function reads as of its step: a re-run of it reads what its first run did.
     step = scope.sync.step if scope is not None and scope.sync is not None else None
-    pulled = variables[0]._strategy.extended._connections.pull(requests, step=step)
+    pulled = variables[0]._binding.connections.pull(requests, step=step)
     for variable in variables:
         variable._accept(pulled)
         if scope is not None:
@@ -278,9 +318,47 @@ class Pending:
             self.by_ps.setdefault(shard.ps, {})[shard.name] = np.require(rows, requirements="C")
 
 
-def _rebuild_variable(strategy_type: type[ParameterServerStrategy], config: Any,
+def _rebuild_variable(for_config: Callable[[Any], PsBinding], config: Any,
                       spec: VariableSpec) -> PsVariable:
     """Unpickle a handle: bound to this process's strategy for ``config``."""
-    variable = strategy_type._for_config(config).extended._handle(spec)
+    variable = for_config(config).handle(spec)
     _note_loaded(variable)
     return variable
+
+
+def pulled_values(variables: Sequence[PsVariable]) -> dict[int, np.ndarray]:
+    """A copy of each variable's current value, by ``id``: every changed shard is pulled
+    first (:func:`refresh`). Each shard is read atomically, the set of them is not."""
+    refresh(variables)
+    values: dict[int, np.ndarray] = {}
+    for variable in variables:
+        with variable._lock:
+            assert variable._value is not None  # refresh pulled every shard
+            values[id(variable)] = np.array(variable._value, copy=True)
+    return values
+
+
+def shards_of(variable: PsVariable) -> tuple[Shard, ...]:
+    """Where ``variable`` is stored: its shards, in order along axis 0."""
+    return variable._spec.shards
+
+
+def connections_of(variable: PsVariable) -> Any:
+    """The ``PsConnections`` of ``variable``'s strategy in this process."""
+    return variable._binding.connections
+
+
+def strategy_of(variable: PsVariable) -> ParameterServerStrategy:
+    """The strategy ``variable`` belongs to (in this process)."""
+    return variable._binding.strategy
+
+
+def seed(variable: PsVariable, parts: Sequence[np.ndarray], version: int) -> None:
+    """Cache the shard values just created (version ``version``), sparing the first pull."""
+    variable._seed(parts, version)
+
+
+def invalidate(variable: PsVariable) -> None:
+    """Drop the function scope's snapshot of ``variable`` (it was written): the next read
+    pulls."""
+    variable._invalidate()

@@ -81,7 +81,7 @@ class DistributedVariable(Variable, DistributedValues):
         if frame.strategy is self._strategy:
             context = frame.replica_context
             return None if context is None else context._local_index
-        if frame.strategy._is_default:
+        if _context.is_default(frame.strategy):
             return None  # as TF: outside every scope, the variable enters its own strategy
         raise RuntimeError(
             f"Mixing different Strategy objects: variable {self.name} belongs to "

@@ -56,10 +56,6 @@ class Strategy:
     replica; ``reduce``/``gather`` combine per-replica values over every replica of every worker.
     """
 
-    # True only for the default strategy (cluster.strategies.default): what get_strategy()
-    # returns outside every scope. Lower modules ask this instead of importing that module.
-    _is_default = False
-
     def __init__(self, extended: StrategyExtended) -> None:
         self._extended = extended
 
@@ -89,7 +85,7 @@ class Strategy:
           RuntimeError: inside ``strategy.run`` (a replica context), or inside another
             strategy's scope (TF: "Mixing different tf.distribute.Strategy objects").
         """
-        if not _context.current_frame().strategy._is_default:
+        if not _context.is_default(_context.current_frame().strategy):
             require_cross_replica(self, "strategy.scope()",
                                   "enter the scope before calling strategy.run")
         with _context.push(self, None):

@@ -19,10 +19,8 @@ from cluster.strategies.replica import ReplicaContext
 __all__ = ["OneDeviceStrategy", "default_frame"]
 
 
-class _DefaultStrategy(Strategy):
+class _DefaultStrategy(Strategy, _context.DefaultStrategyMarker):
     """One CPU replica, variables stay plain, ``reduce`` returns its value."""
-
-    _is_default = True
 
     def __init__(self) -> None:
         devices = parse_devices(["/cpu:0"], what="default strategy")

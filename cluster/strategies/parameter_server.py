@@ -34,10 +34,14 @@ from cluster.ps.partitioners import Partitioner, Placer
 from cluster.strategies._devices import parse_devices
 from cluster.strategies._ps_variables import (
     Pending,
+    PsBinding,
     PsVariable,
     ShardedVariable,
     VariableSpec,
     current_scope,
+    invalidate,
+    seed,
+    strategy_of,
 )
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.variables import VariableSynchronization, initial_array, validate_options
@@ -65,6 +69,8 @@ class ParameterServerExtended(StrategyExtended):
                          ReductionToOneDevice())
         self._config = config
         self._connections = connections
+        self._binding = PsBinding(container, config, connections, self._handle,
+                                  binding_for_config)
         self._placer = Placer(len(config.ps_tasks), partitioner)  # guarded by self._lock
         self._is_coordinator = coordinator
         self._lock = threading.Lock()
@@ -95,7 +101,7 @@ class ParameterServerExtended(StrategyExtended):
             handle = self._handles.get(key)
             if handle is None:
                 cls = ShardedVariable if len(spec.shards) > 1 else PsVariable
-                handle = self._handles[key] = cls(self._container, spec)
+                handle = self._handles[key] = cls(self._binding, spec)
             return handle
 
     def _stored_name(self, name: str) -> str:
@@ -140,7 +146,7 @@ class ParameterServerExtended(StrategyExtended):
         spec = VariableSpec(full, tuple(value.shape), value.dtype.str, trainable,
                             synchronization.name, aggregation.name, shards)
         handle = self._handle(spec)
-        handle._seed(parts, version=1)
+        seed(handle, parts, version=1)
         return handle
 
     # -- updates -------------------------------------------------------------------------------
@@ -161,7 +167,7 @@ class ParameterServerExtended(StrategyExtended):
         spec = OptimizerSpec.from_optimizer(optimizer)
         pending = Pending()
         for grad, variable in pairs:
-            if not isinstance(variable, PsVariable) or variable._strategy is not self._container:
+            if not isinstance(variable, PsVariable) or strategy_of(variable) is not self._container:
                 raise ValueError(
                     f"apply_gradients: variable {getattr(variable, 'name', variable)!r} was not "
                     "created under this ParameterServerStrategy's scope")
@@ -187,7 +193,7 @@ class ParameterServerExtended(StrategyExtended):
             if scope is not None:
                 scope.pushes += 1
             for _, variable in pairs:
-                variable._invalidate()
+                invalidate(variable)
 
 
 class ParameterServerStrategy(Strategy):
@@ -253,11 +259,6 @@ class ParameterServerStrategy(Strategy):
 
     def __reduce__(self) -> tuple:
         return (strategy_for_config, (self._config, self._partitioner))
-
-    @classmethod
-    def _for_config(cls, config: StrategyConfig) -> ParameterServerStrategy:
-        """This process's strategy for ``config`` (how a pickled variable finds its strategy)."""
-        return strategy_for_config(config)
 
     def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
         """``dataset_fn(InputContext)`` with one input pipeline per worker: called in a
@@ -326,3 +327,20 @@ def strategy_for_config(config: StrategyConfig,
                    coordinator=False)
     with _registry_lock:
         return _registry.setdefault(config.uid, strategy)
+
+
+def binding_for_config(config: StrategyConfig) -> PsBinding:
+    """The handles' binding of this process's strategy for ``config`` (how a pickled variable
+    finds its strategy)."""
+    return strategy_for_config(config).extended._binding
+
+
+def runtime_of(strategy: ParameterServerStrategy) -> Any:
+    """The ``TaskRuntime`` ``strategy`` runs in (``None`` outside a task process)."""
+    return strategy._runtime
+
+
+def config_of(strategy: ParameterServerStrategy) -> StrategyConfig:
+    """``strategy``'s configuration: its uid, its ps and worker tasks, synchronous or not (for
+    the ClusterCoordinator)."""
+    return strategy._config

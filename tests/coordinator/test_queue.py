@@ -188,8 +188,7 @@ def test_a_requeue_after_an_error_cancels_the_closure() -> None:
 
 def test_a_fetch_wakes_on_a_fatal_error_of_a_running_closure() -> None:
     queue = _queue(synchronous=False)
-    c = _closure(0)
-    c.value._wait = queue.wait
+    c = Closure(0, lambda: None, (), {}, RemoteValue(wait=queue.wait), None, body=b"x")
     queue.put(c)
     queue.get()
     timer = threading.Timer(0.2, lambda: queue.fail(RuntimeError("ps gone"), fatal=True))
