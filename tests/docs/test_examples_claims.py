@@ -9,9 +9,9 @@ Markers, in README.md and docs/ (HTML comments: invisible on the rendered page):
   that shows figures (``epoch 3/10  loss 0.3468  accuracy 0.9228``, ``test accuracy 0.9639 on
   360 held-out digits``) must appear in RUN's output.
 
-The examples are deterministic (same figures on every run) except asynchronous
-parameter-server training, whose order of updates varies: its claim is a lower bound
-(``min-test-accuracy``). Times vary with the machine: their claims are upper bounds
+The examples are deterministic (same figures on every run) except parameter-server training,
+where which worker's step lands when depends on which worker is free: its claims are lower
+bounds (``min-test-accuracy``). Times vary with the machine: their claims are upper bounds
 (``max-seconds``). The runs are ``tests/_examples.py``'s, each started once per session
 (through ``clusterctl``'s launcher with the shipped cluster file, or alone as the page says) and
 shared with the tests of each example. PyTorch and JAX examples skip when those are not
