@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-__all__ = ["CLI", "Reader", "env_with", "run_cli"]
+__all__ = ["CLI", "Reader", "env_with", "interrupted_launch", "run_cli", "started"]
 
 CLI = [sys.executable, "-m", "cluster.ctl.cli"]
 
@@ -94,3 +94,22 @@ def started(args: list[str], *, cwd: Path, env: dict[str, str], stdout: int):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def interrupted_launch(script: Path, *, cwd: Path, env: dict[str, str]) -> str:
+    """The console of ``clusterctl launch -n 2 SCRIPT`` interrupted, as a terminal's Ctrl-C
+    does, once both tasks printed ``running``; asserts it exits 128 + SIGINT."""
+    read_fd, write_fd = os.pipe()
+    args = ["launch", "-n", "2", str(script), "--color", "never"]
+    with started(args, cwd=cwd, env=env, stdout=write_fd) as proc:
+        os.close(write_fd)
+        out = Reader(read_fd)
+        try:
+            for task in (rb"\[chief:0\]\s+running", rb"\[worker:0\]\s+running"):
+                assert out.until(re.compile(task), 90), out.data.decode()[-2000:]
+            proc.send_signal(signal.SIGINT)
+            out.rest(90)
+        finally:
+            os.close(read_fd)
+        assert proc.wait(timeout=60) == 128 + signal.SIGINT
+    return out.data.decode()

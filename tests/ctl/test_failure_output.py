@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
-from tests.ctl._cli_run import Reader, env_with, run_cli, started
+from tests.ctl._cli_run import env_with, interrupted_launch, run_cli
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -88,20 +86,7 @@ def test_secondary_tasks_print_one_line_and_the_culprit_is_named_first(
 
 
 def test_ctrl_c_is_reported_as_an_interruption(tmp_path, marker) -> None:
-    read_fd, write_fd = os.pipe()
-    args = ["launch", "-n", "2", str(SCRIPTS / "idle.py"), "--color", "never"]
-    with started(args, cwd=tmp_path, env=env_with(marker), stdout=write_fd) as proc:
-        os.close(write_fd)
-        out = Reader(read_fd)
-        try:
-            for task in (rb"\[chief:0\]\s+running", rb"\[worker:0\]\s+running"):
-                assert out.until(re.compile(task), 90), out.data.decode()[-2000:]
-            proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C does
-            out.rest(90)
-        finally:
-            os.close(read_fd)
-        assert proc.wait(timeout=60) == 128 + signal.SIGINT
-    text = out.data.decode()
+    text = interrupted_launch(SCRIPTS / "idle.py", cwd=tmp_path, env=env_with(marker))
     assert "root cause: interrupted: clusterctl received SIGINT (Ctrl-C) and stopped every " \
            "task" in text, text[-3000:]
     assert "interrupted (SIGINT)" in text

@@ -4,14 +4,12 @@ and the failure is still named from the task's own output."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 
-from tests.ctl._cli_run import Reader, env_with, run_cli, started
+from tests.ctl._cli_run import env_with, interrupted_launch, run_cli
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -55,21 +53,8 @@ def test_a_failing_run_keeps_grpc_core_lines_off_the_console_and_in_the_logs(tmp
 
 
 def test_ctrl_c_keeps_grpc_core_lines_off_the_console(tmp_path, marker) -> None:
-    read_fd, write_fd = os.pipe()
-    args = ["launch", "-n", "2", str(SCRIPTS / "idle.py"), "--color", "never"]
-    with started(args, cwd=tmp_path, env=env_with(marker, **GRPC_LOGGING),
-                 stdout=write_fd) as proc:
-        os.close(write_fd)
-        out = Reader(read_fd)
-        try:
-            for task in (rb"\[chief:0\]\s+running", rb"\[worker:0\]\s+running"):
-                assert out.until(re.compile(task), 90), out.data.decode()[-2000:]
-            proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C does
-            out.rest(90)
-        finally:
-            os.close(read_fd)
-        assert proc.wait(timeout=60) == 128 + signal.SIGINT
-    text = out.data.decode()
+    text = interrupted_launch(SCRIPTS / "idle.py", cwd=tmp_path,
+                              env=env_with(marker, **GRPC_LOGGING))
     assert _console_native(text) == [], text[-3000:]
     run_dir = next((tmp_path / "runs").iterdir())
     assert all(_logged_native(run_dir).values()), _logged_native(run_dir)
