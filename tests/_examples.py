@@ -147,7 +147,7 @@ class ExampleRuns:
                        run_dir if run.launch else None, leaked)
 
     def kill_leftovers(self) -> list[int]:
-        """Kill every process left with this session's runs' marker; return their ids."""
+        """Kill every process left with the test run's example marker; return their ids."""
         leaked = processes_with(self._marker)
         for pid in leaked:
             try:
