@@ -15,7 +15,6 @@ declare ``@pytest.mark.timeout(timeout_for(NAME))`` (the run's own limit plus a 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import io
 import os
 import signal
@@ -33,6 +32,7 @@ import pytest
 from cluster.ctl import launcher
 from cluster.ctl.spec import load_cluster_file
 from cluster.testing import processes_with
+from tests._requires import require
 
 __all__ = ["RUNS", "ExampleRuns", "Outcome", "Run", "example_runs", "timeout_for"]
 
@@ -105,8 +105,8 @@ class ExampleRuns:
 
     def __call__(self, name: str) -> Outcome:
         run = RUNS[name]
-        if run.needs and importlib.util.find_spec(run.needs) is None:
-            pytest.skip(f"{run.needs} is not installed: uv sync --extra {run.needs}")
+        if run.needs:
+            require(run.needs)
         if name not in self._done:
             self._done[name] = self._start(name, run)
         return self._done[name]

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._requires import require, require_cupy
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("cluster", "resolver")
 OPTIONAL = frozenset({"torch", "jax", "jaxlib", "cupy", "keras"})
@@ -111,7 +113,8 @@ def test_the_modules_with_examples_are_found() -> None:
 def test_docstring_examples(module: str) -> None:
     missing = sorted(p for p in _needs(module) if importlib.util.find_spec(p) is None)
     if missing:
-        pytest.skip(f"{module}'s examples need {', '.join(missing)}, which is not installed")
+        for package in missing:  # skips: "<package> is not installed: <the command>"
+            require_cupy() if package == "cupy" else require(package)
     tests = doctest.DocTestFinder(exclude_empty=True).find(importlib.import_module(module))
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     report = io.StringIO()

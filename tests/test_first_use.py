@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import cluster
+from tests._requires import require
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -560,14 +561,14 @@ def first_uses(request, tmp_path_factory):
 @pytest.mark.parametrize(("module", "name"), _CASES, ids=[f"{m}.{n}" for m, n in _CASES])
 def test_public_name_works_as_the_first_use_in_a_fresh_interpreter(module, name, first_uses):
     if module in _NEEDS:
-        pytest.importorskip(_NEEDS[module], reason=f"{module} needs {_NEEDS[module]}")
+        require(_NEEDS[module])
     _check(*first_uses[module, name].result(timeout=_CHILD_TIMEOUT * 2))
 
 
 @pytest.mark.parametrize("module", sorted(_USES))
 def test_the_table_covers_every_public_name(module):
     if module in _NEEDS:
-        pytest.importorskip(_NEEDS[module], reason=f"{module} needs {_NEEDS[module]}")
+        require(_NEEDS[module])
     public = importlib.import_module(module).__all__
     assert sorted(public) == sorted(_USES[module]), (
         f"{module}.__all__ and the first-use table differ: add a use for each new public name")
