@@ -403,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     all_cold = True
     for nbytes, results in tables:
         dd = results.get("dd")
-        label = (f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20
-                 else f"{nbytes / (1 << 10):.0f} KiB")
+        label = _size_label(nbytes)
         for name in wanted:
             row = results[name]
             if row is None:
@@ -436,14 +435,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _size_label(nbytes: int) -> str:
+    """A model size as the table prints it: whole MiB from 1 MiB up, else KiB."""
+    return f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20 else f"{nbytes / (1 << 10):.0f} KiB"
+
+
 def result_table(tables: list[tuple[int, dict]], wanted: list[str]) -> Table:
     """One row per (model size, format): seconds, GB/s and the ratio to dd of save and restore,
     and whether the restore read the disk (page cache dropped) or memory."""
     rows = []
     for nbytes, results in tables:
         dd = results.get("dd")
-        label = (f"{nbytes / (1 << 20):.0f} MiB" if nbytes >= 1 << 20
-                 else f"{nbytes / (1 << 10):.0f} KiB")
+        label = _size_label(nbytes)
         for name in wanted:
             row = results[name]
             if row is None:  # not installed
