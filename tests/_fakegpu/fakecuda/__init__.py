@@ -149,8 +149,11 @@ class FakeCuda:
         class HangingEvent(Event):
             hung = staticmethod(lambda: fake.hung)
 
+        class MachineStream(Stream):
+            event_class = HangingEvent
+
         cuda.Device = Device
-        cuda.Stream = Stream
+        cuda.Stream = MachineStream
         cuda.Event = HangingEvent
         cuda.MemoryPointer = MemoryPointer
         cuda.get_current_stream = self.get_current_stream
@@ -192,7 +195,7 @@ class FakeCuda:
                                and s.device_id == device), None)
                 if stream is None:
                     with FakeDevice(device):
-                        stream = Stream()
+                        stream = self.cuda.Stream()
                     stream.thread = ident
             self.streams[stream.ptr] = stream
             return stream

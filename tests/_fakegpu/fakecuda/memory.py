@@ -77,6 +77,8 @@ class Stream:
     """``cupy.cuda.Stream(null=False, non_blocking=False, ptds=False)``: ``use()`` or ``with``
     makes it this thread's current stream on its device; ``synchronize()`` counts the waits."""
 
+    event_class: type[Event]  # what ``record()`` makes: the machine's events
+
     def __init__(self, null: bool = False, non_blocking: bool = False,
                  ptds: bool = False) -> None:
         self.non_blocking = non_blocking
@@ -106,7 +108,7 @@ class Stream:
         _stack().pop()
 
     def record(self, event: Event | None = None) -> Event:
-        event = Event() if event is None else event
+        event = self.event_class() if event is None else event
         event.record(self)
         return event
 
@@ -147,3 +149,6 @@ class Event:
     @property
     def done(self) -> bool:
         return not self.hung()
+
+
+Stream.event_class = Event
