@@ -63,7 +63,7 @@ def test_available_is_false_without_cupy(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setitem(sys.modules, name, None)  # ``import cupy`` raises ImportError
     assert available() is False
     with pytest.raises(ImportError,
-                       match=r"need CuPy: install CuPy for your driver's CUDA major version"):
+                       match=r"need CuPy: install the 'gpu' extra"):
         unique_id()
     with pytest.raises(ImportError, match="nvidia-nccl"):
         NcclComm(1, bytes(128), 0, 0)
