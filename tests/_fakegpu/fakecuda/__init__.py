@@ -80,15 +80,19 @@ class FakeCuda:
     ``gpus`` devices are visible (``getDeviceCount()``; none: CUDA's ``cudaErrorNoDevice``);
     ``version`` is ``cupy.__version__`` (13.x or 14.x); ``char_signed`` is the platform's C
     ``char`` (signed on x86-64, unsigned on aarch64), which CuPy 13's tuple ids depend on.
-    Set ``hung`` to make events never complete, ``async_error`` to make NCCL report one.
+    ``across_processes``: unique ids name a root in this process, so NCCL ranks in other
+    processes of the machine can join (``machine_from_env`` sets it; in-process tests join
+    ranks by the id's bytes). Set ``hung`` to make events never complete, ``async_error`` to
+    make NCCL report one.
     """
 
     def __init__(self, gpus: int = 3, *, version: str = VERSIONS[-1],
-                 char_signed: bool = True) -> None:
+                 char_signed: bool = True, across_processes: bool = False) -> None:
         major = int(version.split(".")[0])
         if major not in (13, 14):
             raise ValueError(f"the fake models CuPy 13 and 14, not {version}")
         self.gpus, self.version, self.major, self.char_signed = gpus, version, major, char_signed
+        self.across_processes = across_processes
         self.physical = list(range(gpus))  # the installed GPU each visible device is
         self.hung = False
         self.async_error: str | None = None
@@ -371,7 +375,7 @@ def machine_from_env(environ: Mapping[str, str] | None = None) -> FakeCuda:
         physical = visible_devices(installed, env.get("CUDA_VISIBLE_DEVICES"))
         version = env.get(VERSION_ENV, VERSIONS[-1])
         version = {v.split(".")[0]: v for v in VERSIONS}.get(version, version)
-        fake = FakeCuda(gpus=len(physical), version=version)
+        fake = FakeCuda(gpus=len(physical), version=version, across_processes=True)
         fake.physical = physical
         _MACHINE.append(fake)
     return _MACHINE[0]

@@ -1,8 +1,10 @@
 """The fake ``cupy.cuda.nccl``: communicators that follow CuPy's signatures and reduce through
 the arrays' pointers once every rank has posted a call.
 
-Ranks meet in one process (threads, or ``initAll``). What differs between CuPy versions (the
-unique id's type) is the machine's to say: see ``FakeCuda.id_key``.
+Ranks meet in one process (threads, or ``initAll``), or, on the fake GPU machine
+(``FakeCuda(across_processes=True)``), in several: its unique ids name a root in the process
+that made them (:mod:`.bootstrap`). What differs between CuPy versions (the unique id's type) is
+the machine's to say: see ``FakeCuda.id_key``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .arrays import current_device, live_arrays
+from .bootstrap import RemoteWorld, combine, make_id, parse_id
 
 if TYPE_CHECKING:
     from . import FakeCuda
@@ -30,7 +33,6 @@ NCCL_CONSTANTS = {
 }
 NP_OF_NCCL = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64",
               6: "float16", 7: "float32", 8: "float64"}
-UFUNC_OF_OP = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum}
 
 
 def device_buffer(ptr: int, count: int, dtype: int) -> np.ndarray:
@@ -80,14 +82,7 @@ class World:
         assert len(kinds) == 1 and len(params) == 1, f"ranks disagree: {calls}"
         kind, (_, _, count, dtype, *rest) = calls[0]
         sends = [device_buffer(calls[r][1][0], count, dtype) for r in range(self.size)]
-        if kind == "allReduce":
-            result = sends[0].copy()
-            for other in sends[1:]:
-                UFUNC_OF_OP[rest[0]](result, other, out=result)
-        elif kind == "broadcast":
-            result = sends[rest[0]].copy()
-        else:
-            result = np.concatenate(sends)
+        result = combine(kind, sends, rest[0] if rest else None)
         for r in range(self.size):
             device_buffer(calls[r][1][1], result.size, dtype)[:] = result
 
@@ -101,7 +96,10 @@ def nccl_module(fake: FakeCuda) -> types.ModuleType:
     rng = np.random.default_rng(7)
 
     def get_unique_id() -> tuple[int, ...] | bytes:
-        raw = rng.integers(0, 256, 128, dtype=np.uint8).tobytes()
+        if fake.across_processes:
+            raw = make_id()
+        else:
+            raw = rng.integers(0, 256, 128, dtype=np.uint8).tobytes()
         if fake.major >= 14:
             return raw  # CuPy 14: ``uniqueId.internal[:NCCL_UNIQUE_ID_BYTES]``
         return tuple(v - 256 if fake.char_signed and v > 127 else v for v in raw)
@@ -119,11 +117,15 @@ def nccl_module(fake: FakeCuda) -> types.ModuleType:
     class NcclCommunicator:
         def __init__(self, ndev: int, commId: Any, rank: int) -> None:  # noqa: N803
             key = fake.id_key(commId)
-            with fake.lock:
-                world = fake.worlds.setdefault(key, World(ndev))
+            root = parse_id(key) if fake.across_processes else None
+            if root is not None:
+                world: World | RemoteWorld = RemoteWorld(*root, ndev, rank, device_buffer)
+            else:
+                with fake.lock:
+                    world = fake.worlds.setdefault(key, World(ndev))
             self._setup(world, rank, current_device())
 
-        def _setup(self, world: World, rank: int, device: int) -> None:
+        def _setup(self, world: World | RemoteWorld, rank: int, device: int) -> None:
             self.world, self.rank, self.device, self.state = world, rank, device, "open"
 
         @staticmethod
@@ -158,10 +160,15 @@ def nccl_module(fake: FakeCuda) -> types.ModuleType:
             self.world.post(self.rank, kind, args, wait=wait)
 
         def destroy(self) -> None:
-            self.state = "destroyed"
+            self._leave("destroyed")
 
         def abort(self) -> None:
-            self.state = "aborted"
+            self._leave("aborted")
+
+        def _leave(self, state: str) -> None:
+            if self.state == "open" and isinstance(self.world, RemoteWorld):
+                self.world.close()
+            self.state = state
 
         def check_async_error(self) -> None:
             if fake.async_error:
