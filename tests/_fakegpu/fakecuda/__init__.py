@@ -304,14 +304,14 @@ def ascontiguousarray(a: Any, dtype: Any = None) -> FakeArray:
 
 
 def from_dlpack(array: Any, *, device: Any = None, copy: Any = None) -> FakeArray:
-    """``cupy.from_dlpack``: a CuPy array as itself; host (CPU) producers are refused, as
-    CuPy refuses a DLPack capsule of another device type."""
+    """``cupy.from_dlpack``: a CuPy array as itself; CPU producers get CuPy's ``TypeError``;
+    other GPU producers (torch CUDA tensors) cannot exist on the fake machine."""
     if isinstance(array, FakeArray):
         return array
-    if not hasattr(array, "__dlpack__"):
-        raise TypeError(f"object of type {type(array).__name__} has no __dlpack__")
-    raise BufferError("CuPy can only import DLPack tensors on CUDA devices (the fake imports "
-                      "none from outside it)")
+    if array.__dlpack_device__()[0] == 1:  # kDLCPU
+        raise TypeError("CPU arrays cannot be directly imported to CuPy. Use "
+                        "`cupy.array(numpy.from_dlpack(input))` instead.")
+    raise BufferError("the fake GPU machine imports no DLPack tensor from outside it")
 
 
 def get_array_module(*args: Any) -> types.ModuleType:
