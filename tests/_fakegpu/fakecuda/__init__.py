@@ -321,11 +321,18 @@ def get_array_module(*args: Any) -> types.ModuleType:
     return np
 
 
-def numpy_function(name: str) -> Any:
+def numpy_function(name: str, namespace: Any = np) -> Any:
     """``cupy.NAME`` for the rest of NumPy's namespace: dtypes and constants as they are,
-    functions run by NumPy on the arrays' memory with results on the current device. Like
-    CuPy's, they refuse NumPy arrays (``TypeError: Unsupported type``)."""
-    value = getattr(np, name)  # AttributeError, as for a missing module attribute
+    functions run by NumPy on the arrays' memory with results on the current device, modules
+    (``cupy.linalg``, ``cupy.random``) wrapped alike. Like CuPy's, the functions refuse NumPy
+    arrays (``TypeError: Unsupported type``). ``cupy.testing`` compares host copies."""
+    if namespace is np and name == "testing":
+        return _testing()
+    value = getattr(namespace, name)  # AttributeError, as for a missing module attribute
+    if isinstance(value, types.ModuleType):
+        module = types.ModuleType(f"cupy.{name}")
+        module.__getattr__ = lambda attr: numpy_function(attr, value)
+        return module
     if not callable(value) or isinstance(value, type):
         return value
 
@@ -335,6 +342,20 @@ def numpy_function(name: str) -> Any:
 
     function.__name__ = name
     return function
+
+
+def _testing() -> types.ModuleType:
+    """``cupy.testing``: NumPy's assertions on host copies of CuPy (or NumPy) arrays."""
+    module = types.ModuleType("cupy.testing")
+    for name in ("assert_array_equal", "assert_allclose", "assert_array_almost_equal",
+                 "assert_array_less"):
+        check = getattr(np.testing, name)
+
+        def assertion(x: Any, y: Any, *args: Any, check: Any = check, **kwargs: Any) -> None:
+            check(asnumpy(x), asnumpy(y), *args, **kwargs)
+
+        setattr(module, name, assertion)
+    return module
 
 
 # -- the fake GPU machine of a process -------------------------------------------------------
