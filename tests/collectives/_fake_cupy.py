@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-__all__ = ["NCCL_CONSTANTS", "FakeArray", "FakeCuda", "FakeDevice", "assert_same_bits", "host"]
+__all__ = [
+    "NCCL_CONSTANTS", "FakeArray", "FakeCopyStream", "FakeCuda", "FakeDevice", "FakePinnedMemory",
+    "assert_same_bits", "host",
+]
 
 # The constants of cupy_backends/cuda/libs/nccl.pxd.
 NCCL_CONSTANTS = {
@@ -69,9 +72,14 @@ class FakeArray(np.ndarray):
     def device(self) -> FakeDevice:
         return FakeDevice(self._device_id)
 
-    def get(self) -> np.ndarray:
-        """Device to host, as ``cupy.ndarray.get``."""
-        return np.array(self, copy=True).view(np.ndarray)
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
+            blocking: bool = True) -> np.ndarray:
+        """Device to host, as ``cupy.ndarray.get`` (see "pinned memory and copy streams")."""
+        return _copy_to_host(self, stream, order, out, blocking)
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Host to device, as ``cupy.ndarray.set`` (see "pinned memory and copy streams")."""
+        _copy_from_host(self, arr, stream)
 
     @property
     def data(self) -> Any:  # shadows ndarray.data, as cupy.ndarray.data is a MemoryPointer
@@ -163,6 +171,7 @@ class FakeCuda:
         for name in ["add", "multiply", "floor_divide", "true_divide", "less", "not_equal",
                      "logical_and"]:
             setattr(self.cupy, name, getattr(np, name))
+        _add_copy_streams(self)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
         monkeypatch.setitem(sys.modules, "cupy", self.cupy)
@@ -295,6 +304,154 @@ class FakeCuda:
 
         nccl.NcclCommunicator = NcclCommunicator
         return nccl
+
+
+# -- pinned memory and copy streams ------------------------------------------------------------
+#
+# What ``cluster._staging`` uses, as CuPy 13/14 document it: ``cupy.cuda.alloc_pinned_memory``
+# (page-locked host memory with the buffer protocol, possibly larger than asked),
+# ``cupy.cuda.Stream(non_blocking=...)`` with ``wait_event``/``synchronize``, ``Event.record``/
+# ``synchronize``/``done``, ``ndarray.get(stream, order, out, blocking)`` and
+# ``ndarray.set(arr, stream)``. An asynchronous copy between pinned memory and a GPU (``set``
+# from pinned memory; ``get(blocking=False)`` into pinned memory) on a ``Stream`` runs only when
+# that stream's work is waited for (``synchronize``, an event recorded after it, or a stream
+# made to wait for such an event): the latest moment CUDA allows, so code that reads a buffer
+# before waiting, or reuses one too early, sees it. Copies from or to pageable memory, and on
+# the current stream, complete before the call returns (CUDA stages pageable copies).
+
+
+class FakePinnedMemory(np.ndarray):
+    """``cupy.cuda.PinnedMemoryPointer``: page-locked bytes, usable through the buffer protocol
+    (``np.frombuffer``; NumPy keeps no trace of this type in the arrays it makes, so the fake
+    knows pinned memory by its addresses: ``FakeCuda.is_pinned``)."""
+
+
+class FakeCopyStream:
+    """``cupy.cuda.Stream``: a stream of the current device; asynchronous copies queued on it
+    run when its work is waited for. ``copies`` lists ``(direction, pinned)`` per copy;
+    ``waits`` counts ``wait_event`` calls."""
+
+    def __init__(self, fake: FakeCuda, null: bool = False, non_blocking: bool = False,
+                 ptds: bool = False) -> None:
+        self.fake = fake
+        self.device, self.non_blocking = _current_device(), non_blocking
+        self.queued: list[Any] = []
+        self.issued = 0  # operations ever queued (run or not)
+        self.copies: list[tuple[str, bool]] = []
+        self.waits = 0
+        with fake.lock:
+            self.ptr = 0x8000 + len(fake.copy_streams)
+            fake.copy_streams.append(self)
+
+    def enqueue(self, op: Any) -> None:
+        self.queued.append(op)
+        self.issued += 1
+
+    def run_until(self, issued: int) -> None:
+        """Run the queued operations among the first ``issued`` ever queued."""
+        while self.queued and self.issued - len(self.queued) < issued:
+            self.queued.pop(0)()
+
+    def synchronize(self) -> None:
+        self.run_until(self.issued)
+
+    def wait_event(self, event: Any) -> None:
+        self.waits += 1
+        event.synchronize()  # the work it waits for comes first: run it now (a legal order)
+
+
+def _add_copy_streams(fake: FakeCuda) -> None:
+    fake.copy_streams = []
+    fake.pinned_allocations = []  # the sizes asked of alloc_pinned_memory, in order
+    fake.pinned_regions = []  # (address, nbytes, memory): every pinned allocation, kept alive
+
+    def alloc_pinned_memory(size: int) -> FakePinnedMemory:
+        memory = np.empty(-(-max(size, 1) // 1024) * 1024, np.uint8).view(FakePinnedMemory)
+        with fake.lock:
+            fake.pinned_allocations.append(size)
+            fake.pinned_regions.append((memory.ctypes.data, memory.nbytes, memory))
+        return memory
+
+    def is_pinned(array: np.ndarray) -> bool:
+        start = array.ctypes.data
+        return any(s <= start and start + array.nbytes <= s + n
+                   for s, n, _ in fake.pinned_regions)
+
+    fake.is_pinned = is_pinned
+
+    fake.cuda.alloc_pinned_memory = alloc_pinned_memory
+    fake.cuda.Stream = lambda *args, **kwargs: FakeCopyStream(fake, *args, **kwargs)
+    base_event = fake.cuda.Event
+
+    class Event(base_event):  # type: ignore[misc, valid-type]
+        """``cupy.cuda.Event``: recorded on a copy stream, it is done once the work queued
+        there before it has run."""
+
+        def record(self, stream: Any = None) -> None:
+            super().record(stream)
+            self.issued = stream.issued if isinstance(stream, FakeCopyStream) else 0
+
+        def synchronize(self) -> None:
+            if fake.hung:
+                raise AssertionError("Event.synchronize would hang: the fake's GPU is hung")
+            if isinstance(self.stream, FakeCopyStream):
+                self.stream.run_until(self.issued)
+
+        @property
+        def done(self) -> bool:
+            if fake.hung:
+                return False
+            self.synchronize()
+            return True
+
+    fake.cuda.Event = Event
+
+
+def _check_copy(what: str, device: FakeArray, host: Any) -> None:
+    if not isinstance(host, np.ndarray) or isinstance(host, FakeArray):
+        raise TypeError(f"Only numpy.ndarray can be {what} cupy.ndarray")
+    if host.dtype != device.dtype:
+        raise TypeError(f"{host.dtype} array cannot be {what} {device.dtype} array")
+    if host.shape != device.shape:
+        raise ValueError(f"Shape mismatch. Expected shape: {device.shape}, "
+                         f"actual shape: {host.shape}")
+
+
+def _copy_to_host(array: FakeArray, stream: Any, order: str, out: np.ndarray | None,
+                  blocking: bool) -> np.ndarray:
+    if out is None:
+        out = np.empty(array.shape, array.dtype, order="F" if order == "F" else "C")
+    _check_copy("obtained from", array, out)
+    source = array.view(np.ndarray)
+
+    def copy() -> None:
+        out[...] = source
+
+    if isinstance(stream, FakeCopyStream):
+        pinned = stream.fake.is_pinned(out)
+        stream.copies.append(("d2h", pinned))
+        if not blocking and pinned:
+            stream.enqueue(copy)
+            return out
+        stream.synchronize()
+    copy()
+    return out
+
+
+def _copy_from_host(array: FakeArray, host: np.ndarray, stream: Any) -> None:
+    _check_copy("set to", array, host)
+    target = array.view(np.ndarray)
+
+    def copy() -> None:
+        target[...] = host  # reads ``host`` when the copy runs, as the DMA engine would
+
+    if isinstance(stream, FakeCopyStream):
+        pinned = stream.fake.is_pinned(host)
+        stream.copies.append(("h2d", pinned))
+        if pinned:
+            stream.enqueue(copy)
+            return
+    copy()
 
 
 def host(array: Any) -> np.ndarray:
