@@ -357,7 +357,8 @@ class FakeCopyStream:
 
     def wait_event(self, event: Any) -> None:
         self.waits += 1
-        event.synchronize()  # the work it waits for comes first: run it now (a legal order)
+        if not self.fake.hung:  # the host never blocks here; a hung GPU shows at a later wait
+            event.synchronize()  # the work it waits for comes first: run it now (legal order)
 
 
 def _add_copy_streams(fake: FakeCuda) -> None:
