@@ -2,13 +2,19 @@
 class, copies on a stream of their own that are waited for before anyone reads, and the
 collectives' CuPy values through it, bitwise exact on both paths.
 
-The fake CuPy (``_fake_cupy``) runs an asynchronous copy between pinned memory and a GPU only
-when its stream's work is waited for, so a missing wait shows as stale bytes here.
+The strict fake CuPy completes every copy at once. Here (the ``fake`` fixture) an asynchronous
+copy between pinned memory and a GPU on a ``cupy.cuda.Stream`` (``set`` from pinned memory,
+``get(blocking=False)`` into it) runs only when that stream's work is waited for
+(``synchronize``, an event recorded after it, a stream made to wait for such an event): the
+latest moment CUDA allows, so code that reads a buffer before waiting, or reuses one too early,
+sees stale bytes. Copies from or to pageable memory complete before the call returns (CUDA
+stages them), as do copies on any other stream.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,27 +25,125 @@ from cluster._staging import MIN_CLASS_BYTES, Staging, size_class
 from cluster.transport.inproc import InProcessHub
 
 from . import _threads
-from ._fake_cupy import FakeArray, FakeCuda, assert_same_bits, host
+from ._fake_cupy import FakeArray, FakeCuda, assert_same_bits, host, is_pinned
 from ._threads import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 
 
+class AsyncCopies:
+    """What the ``fake`` fixture adds to the fake CuPy: deferred copies on copy streams.
+
+    ``streams``: every ``cupy.cuda.Stream`` made, each with ``copies`` (``(direction, pinned)``
+    per copy) and ``waits`` (``wait_event`` calls); ``allocations``: the sizes asked of the
+    pinned allocator, in order.
+    """
+
+    def __init__(self, fake: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.streams: list[Any] = []
+        self.allocations: list[int] = []
+        cuda = fake.cuda
+        base_stream, base_event = cuda.Stream, cuda.Event
+        copies = self
+
+        class CopyStream(base_stream):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.queued: list[Callable[[], None]] = []
+                self.issued = 0
+                self.copies: list[tuple[str, bool]] = []
+                self.waits = 0
+                copies.streams.append(self)
+
+            def enqueue(self, op: Callable[[], None]) -> None:
+                self.queued.append(op)
+                self.issued += 1
+
+            def run_until(self, issued: int) -> None:
+                while self.queued and self.issued - len(self.queued) < issued:
+                    self.queued.pop(0)()
+
+            def synchronize(self) -> None:
+                super().synchronize()
+                self.run_until(self.issued)
+
+            def wait_event(self, event: Any) -> None:
+                self.waits += 1
+                event.run_recorded()  # the work it waits for comes first (a legal order)
+
+        class Event(base_event):  # type: ignore[misc, valid-type]
+            def record(self, stream: Any = None) -> None:
+                super().record(stream)
+                self.issued = stream.issued if isinstance(stream, CopyStream) else 0
+
+            def run_recorded(self) -> None:
+                if isinstance(self.stream, CopyStream) and not fake.hung:
+                    self.stream.run_until(self.issued)
+
+            def synchronize(self) -> None:
+                super().synchronize()  # raises on a hung GPU
+                self.run_recorded()
+
+            @property
+            def done(self) -> bool:
+                self.run_recorded()
+                return not fake.hung
+
+        get, set_ = FakeArray.get, FakeArray.set
+
+        def deferred_get(array: FakeArray, stream: Any = None, order: str = "C",
+                         out: np.ndarray | None = None, blocking: bool = True) -> np.ndarray:
+            if not isinstance(stream, CopyStream):
+                return get(array, stream, order, out, blocking)
+            pinned = out is not None and is_pinned(out)
+            stream.copies.append(("d2h", pinned))
+            if blocking or not pinned:
+                stream.synchronize()
+                return get(array, None, order, out)
+            stream.enqueue(lambda: get(array, None, order, out))
+            return out
+
+        def deferred_set(array: FakeArray, arr: np.ndarray, stream: Any = None) -> None:
+            if not isinstance(stream, CopyStream):
+                return set_(array, arr, stream)
+            pinned = is_pinned(arr)
+            stream.copies.append(("h2d", pinned))
+            if not pinned:
+                stream.synchronize()
+                return set_(array, arr)
+            stream.enqueue(lambda: set_(array, arr))  # reads ``arr`` when it runs, as DMA does
+            return None
+
+        def allocate(size: int) -> Any:
+            copies.allocations.append(size)
+            return cuda.PinnedMemoryPointer(-(-max(size, 1) // 1024) * 1024)  # rounded up
+
+        monkeypatch.setattr(cuda, "Stream", CopyStream)
+        monkeypatch.setattr(cuda, "Event", Event)
+        monkeypatch.setattr(FakeArray, "get", deferred_get)
+        monkeypatch.setattr(FakeArray, "set", deferred_set)
+        cuda.set_pinned_memory_allocator(allocate)
+
+    def all_copies(self) -> list[tuple[str, bool]]:
+        return [c for stream in self.streams for c in stream.copies]
+
+
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
-    return FakeCuda(gpus=2).install(monkeypatch)
+    fake = FakeCuda(gpus=2).install(monkeypatch)
+    fake.async_copies = AsyncCopies(fake, monkeypatch)
+    return fake
 
 
 def _copies(fake: FakeCuda) -> list[tuple[str, bool]]:
-    return [c for stream in fake.copy_streams for c in stream.copies]
+    return fake.async_copies.all_copies()
 
 
-# -- the fake's asynchronous copies: what makes the tests below able to fail -----------------------
+# -- the asynchronous copies: what makes the tests below able to fail ----------------------------
 
 
 @pytest.mark.path_independent
-def test_the_fake_runs_an_async_pinned_copy_only_once_its_stream_is_waited_for(
-        fake: FakeCuda) -> None:
+def test_an_async_pinned_copy_runs_only_once_its_stream_is_waited_for(fake: FakeCuda) -> None:
     x = fake.array(np.arange(4, dtype=np.float32), 0)
     stream = fake.cuda.Stream(non_blocking=True)
     out = np.frombuffer(fake.cuda.alloc_pinned_memory(16), np.float32, 4)
@@ -83,10 +187,11 @@ def test_to_host_is_an_exact_pinned_copy_ready_on_return(fake: FakeCuda, layout:
     assert type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable
     assert out.shape == x.shape and out.dtype == x.dtype
     assert out.tobytes() == np.ascontiguousarray(source).tobytes()
-    assert fake.is_pinned(out) == (x.size > 0) and staging.is_pooled(out) == (x.size > 0)
-    stream = fake.copy_streams[0] if fake.copy_streams else None
+    assert is_pinned(out) == (x.size > 0) and staging.is_pooled(out) == (x.size > 0)
+    streams = [s for s in fake.async_copies.streams if s.non_blocking]  # staging's own
+    stream = streams[0] if streams else None
     if x.size:
-        assert stream is not None and stream.device == 1 and stream.non_blocking
+        assert stream is not None and stream.device_id == 1 and stream.non_blocking
         assert stream.copies == [("d2h", True)] and stream.waits == 1  # after the caller's work
 
 
@@ -109,7 +214,7 @@ def test_a_dropped_buffer_is_handed_out_again_and_a_held_one_never(fake: FakeCud
         assert again.ctypes.data in dropped and not np.shares_memory(again, held)
         assert again.tobytes() == host(x).tobytes()
         del again
-    assert fake.pinned_allocations == [size_class(4000)] * 3  # three held at once, at most
+    assert fake.async_copies.allocations == [size_class(4000)] * 3  # three held at once, at most
     assert staging.pinned_bytes == 3 * size_class(4000)
 
 
@@ -120,9 +225,9 @@ def test_buffers_are_per_gpu_and_size_class(fake: FakeCuda) -> None:
     for x in small:
         staging.to_host(x)
     staging.to_host(fake.array(np.ones(MIN_CLASS_BYTES, np.float32), 0))  # 4x the class
-    assert fake.pinned_allocations == [MIN_CLASS_BYTES, MIN_CLASS_BYTES, 4 * MIN_CLASS_BYTES]
+    assert fake.async_copies.allocations == [MIN_CLASS_BYTES, MIN_CLASS_BYTES, 4 * MIN_CLASS_BYTES]
     staging.to_host(small[1])
-    assert len(fake.pinned_allocations) == 3
+    assert len(fake.async_copies.allocations) == 3
 
 
 @pytest.mark.path_independent
@@ -133,9 +238,9 @@ def test_the_pool_is_bounded_idle_buffers_make_room_and_the_rest_is_pageable(
     staging.to_host(small)  # idle once dropped
     big = fake.array(np.arange(MIN_CLASS_BYTES // 2, dtype=np.float64), 0)  # 4 classes
     held = staging.to_host(big)  # the idle small buffer is dropped to make room
-    assert fake.is_pinned(held) and staging.pinned_bytes == 4 * MIN_CLASS_BYTES
+    assert is_pinned(held) and staging.pinned_bytes == 4 * MIN_CLASS_BYTES
     over = staging.to_host(big)  # no room left while ``held`` is held: pageable, still exact
-    assert not fake.is_pinned(over) and not staging.is_pooled(over)
+    assert not is_pinned(over) and not staging.is_pooled(over)
     assert over.tobytes() == held.tobytes() == host(big).tobytes()
     assert _copies(fake)[-1] == ("d2h", False)
     assert staging.pinned_bytes <= 4 * MIN_CLASS_BYTES
@@ -156,7 +261,7 @@ def test_to_device_is_a_fresh_exact_array_and_the_host_buffer_is_free_on_return(
     assert isinstance(out, FakeArray) and out.device.id == 1 and out.shape == (3, 4)
     assert host(out).tobytes() == want.tobytes()
     assert not np.shares_memory(host(out), buffer)
-    assert ("h2d", True) in fake.copy_streams[0].copies
+    assert ("h2d", True) in _copies(fake)
     empty = staging.to_device(np.zeros((0, 2), np.float32), 0)
     assert empty.shape == (0, 2) and empty.device.id == 0
 
@@ -181,7 +286,7 @@ def test_close_drops_the_pool_and_staging_goes_on(fake: FakeCuda) -> None:
     staging.close()
     assert staging.pinned_bytes == 0
     assert staging.to_host(x).tolist() == [1.0] * 100
-    assert len(fake.pinned_allocations) == 2
+    assert len(fake.async_copies.allocations) == 2
 
 
 @pytest.mark.path_independent
@@ -214,13 +319,13 @@ def test_the_family_helpers_use_staging_when_given(fake: FakeCuda) -> None:
     staging = Staging()
     x = fake.array(np.arange(6, dtype=np.float32).reshape(2, 3), 1)
     staged = stage(x, "all_reduce", staging)
-    assert staged.owned and fake.is_pinned(staged.array)
+    assert staged.owned and is_pinned(staged.array)
     assert staged.array.tolist() == host(x).tolist()
     staged.array[...] += 1
     back = staged.restore(staged.array)
     assert isinstance(back, FakeArray) and back.device.id == 1
     assert host(back).tolist() == (host(x) + 1).tolist()
-    assert fake.is_pinned(to_host(x, staging)) and not fake.is_pinned(to_host(x))
+    assert is_pinned(to_host(x, staging)) and not is_pinned(to_host(x))
     again = on_device_of(x, np.ones((2, 3), np.float32), staging)
     assert again.device.id == 1 and host(again).tolist() == [[1.0] * 3] * 2
     assert to_host(np.ones(2)).tolist() == [1.0, 1.0]  # NumPy: as is, staging or not
@@ -264,7 +369,7 @@ def test_two_ranks_on_one_gpu_all_reduce_exactly_through_pinned_staging(
         assert all(isinstance(g, FakeArray) and g.device.id == 0 for g in got)
         assert_same_bits(got, want.astype(dtype))
     assert all(pinned for _, pinned in _copies(fake))  # every copy from or to pinned memory
-    assert len(fake.pinned_allocations) == 2  # one buffer per rank, reused by every step
+    assert len(fake.async_copies.allocations) == 2  # one buffer per rank, reused by every step
     assert all(g._engine.staging.pinned_bytes == size_class(inputs[0][0].nbytes) for g in groups)
     for g in groups:
         g.close()
