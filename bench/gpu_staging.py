@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     for size, get, d2h, h2d in copies:
         print(f"| {fmt_size(size)} | {get:.2f} | {d2h:.2f} | {h2d:.2f} |", flush=True)
     largest = max(sizes)
-    verdicts = [(row[0], f, row[3 + 2 * i]) for row in rows if row[1] == fmt_size(largest)
+    verdicts = [(row[0], f, row[4 + 2 * i]) for row in rows if row[1] == fmt_size(largest)
                 for i, f in enumerate(gpu)]
     for path, family, ratio in verdicts:
         ok = "within" if ratio <= TARGET else "ABOVE"
