@@ -19,8 +19,9 @@ Contract:
 - Stream order: each copy runs on the staging stream of its GPU (non-blocking, one per GPU and
   :class:`Staging`), after the work queued so far on the calling thread's current CuPy stream
   of that GPU (an event recorded there; CuPy's default current stream, the legacy null stream,
-  is itself ordered after every blocking stream of the device). The host waits for an event
-  recorded after its own copies, never for other threads' copies.
+  is itself ordered after every blocking stream of the device). The host then waits for an
+  event recorded after its own copies (and whatever other threads queued before them: a
+  stream runs in order), not for the whole device.
 - Reuse: buffers are pooled per GPU and size class (a power of two, at least
   :data:`MIN_CLASS_BYTES`). A buffer is handed out again once nothing refers to it: every NumPy
   view of a buffer, however derived, holds a reference to the array the pool owns (NumPy

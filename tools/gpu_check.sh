@@ -2,6 +2,7 @@
 # The GPU checks, in one run of under 5 minutes on a 1-GPU machine with no network
 # (docs/guide/gpu.md). One verdict line per check: PASS/FAIL/SKIP, its name, its figure.
 #   tools/gpu_check.sh            # from anywhere; uses the project's environment as it is
+#   tools/gpu_check.sh quickstart staging-vs-numpy     # only the checks named
 # Exit 0 when no check failed (a machine without a GPU: every check SKIPs, naming why).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,11 @@ failed=0
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 py=(uv run --no-sync python)
+only=" $* "
+
+selected() {  # selected NAME: no names given, or NAME among them
+  [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]]
+}
 
 verdict() {  # verdict STATUS NAME TEXT
   printf '%-4s %-26s %s\n' "$1" "$2" "$3"
@@ -24,6 +30,7 @@ verdict() {  # verdict STATUS NAME TEXT
 check() {
   local name=$1 limit=$2
   shift 2
+  selected "$name" || return 0
   local left=$((BUDGET - ($(date +%s) - start)))
   if [ "$left" -lt 10 ]; then
     verdict SKIP "$name" "out of time: the run's ${BUDGET} s budget is spent"
@@ -68,7 +75,7 @@ esac
 names=(nccl-unique-id mirrored-gpu0 two-tasks-shm two-tasks-network quickstart torch-cuda
        jax-gpu staging-vs-numpy)
 if [ -n "$gpu" ]; then
-  for name in "${names[@]}"; do verdict SKIP "$name" "$gpu"; done
+  for name in "${names[@]}"; do selected "$name" && verdict SKIP "$name" "$gpu"; done
   exit "$failed"
 fi
 
@@ -80,8 +87,11 @@ check two-tasks-network 40 "${py[@]}" tools/_gpu_checks.py two-tasks network
 check quickstart 75 bash -c '
   out=$(uv run --no-sync clusterctl launch examples/quickstart/cluster.yaml 2>&1); rc=$?
   printf "%s\n" "$out"
-  printf "%s\n" "$out" | grep -o "test accuracy [0-9.]*" | tail -1
-  exit $rc'
+  if [ $rc -ne 0 ]; then  # the first error a task reported says more than the last line
+    printf "%s\n" "$out" | grep -m1 -oE "[A-Za-z]*(Error|Exception): .*"
+    exit $rc
+  fi
+  printf "%s\n" "$out" | grep -o "test accuracy [0-9.]*" | tail -1'
 check torch-cuda 60 "${py[@]}" tools/gpu_torch_check.py
 check jax-gpu 40 "${py[@]}" tools/_gpu_checks.py jax
 check staging-vs-numpy 80 bash -c '
@@ -89,7 +99,7 @@ check staging-vs-numpy 80 bash -c '
   printf "%s\n" "$out"
   [ $rc -eq 0 ] || exit $rc
   printf "%s\n" "$out" | grep -q "skipped, no GPU" && exit 77
-  ratios=$(printf "%s\n" "$out" | grep " x numpy (" | sed "s/ (.*//" | paste -sd ";" -)
+  ratios=$(printf "%s\n" "$out" | grep "x numpy (" | sed "s/ (.*//" | paste -sd ";" -)
   printf "%s\n" "$ratios"
   printf "%s\n" "$out" | grep -q "ABOVE" && exit 1
   exit 0'
