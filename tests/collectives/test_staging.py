@@ -23,6 +23,7 @@ import pytest
 from cluster._family import on_device_of, stage, to_host
 from cluster._staging import MIN_CLASS_BYTES, Staging, size_class
 from cluster.transport.inproc import InProcessHub
+from tests.conftest import REPO
 
 from . import _threads
 from ._fake_cupy import FakeArray, FakeCuda, assert_same_bits, host, is_pinned
@@ -415,3 +416,23 @@ def test_gather_broadcast_and_reduce_scatter_of_gpu_values_stage_through_pinned_
     # In through pinned buffers; the results (new arrays of the algorithms) back from where
     # they lie.
     assert [c for c in _copies(fake) if c[0] == "d2h"] == [("d2h", True)] * 6
+
+
+# -- in real processes on the fake GPU machine -----------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.path_independent
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", ["shm", "network"])
+def test_two_task_processes_sharing_a_gpu_reduce_exactly_on_both_paths(path: str) -> None:
+    """``tools/gpu_check.sh``'s two-tasks check, on the fake GPU machine: two spawned tasks
+    on GPU 0, every dtype, SUM and MEAN, 64 MiB; CuPy results hold NumPy's bytes on both."""
+    from tests._fakegpu import run_on_fake_gpu
+
+    done = run_on_fake_gpu(REPO / "tools" / "_gpu_checks.py", "two-tasks", path, timeout=170,
+                           cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "11 cases exact and identical on both tasks" in done.stdout
+    route = "local" if path == "shm" else "network"
+    assert f"routes ['all_reduce/{route}']" in done.stdout
