@@ -24,11 +24,11 @@ Contract:
   stream runs in order), not for the whole device.
 - Reuse: buffers are pooled per GPU and size class (a power of two, at least
   :data:`MIN_CLASS_BYTES`). A buffer is handed out again once nothing refers to it: every NumPy
-  view of a buffer, however derived, holds a reference to the array the pool owns (NumPy
-  collapses ``.base`` chains to it), so a buffer with only the pool's references is unreachable
-  (as :class:`~cluster.collectives._buffers.BufferPool` reasons). At most ``max_bytes`` are
-  kept; idle buffers of other classes are dropped (oldest first) to make room, and a value that
-  still does not fit is staged through pageable memory.
+  view of a buffer, however derived, holds a reference to the one object NumPy collapses its
+  ``.base`` chain to, which the pool keeps, so a buffer whose object has only the pool's
+  references is unreachable (as :class:`~cluster.collectives._buffers.BufferPool` reasons).
+  At most ``max_bytes`` are kept; idle buffers of other classes are dropped (oldest first) to
+  make room, and a value that still does not fit is staged through pageable memory.
 - :meth:`Staging.close` drops the pool: buffers nobody holds go back to CuPy's pinned memory pool
   (``cupy.get_default_pinned_memory_pool().free_all_blocks()`` returns them to the system);
   the object stays usable and allocates again on demand.
