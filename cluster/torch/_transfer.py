@@ -101,7 +101,8 @@ def choose_transfer(device_type: str, world_size: int, gpus: Sequence[int],
     if ring or hosts is None:
         return Transfer.STAGED, "the group runs on the network path"
     if len(hosts) > 1 and not any(len(h) > 1 for h in hosts):
-        return Transfer.STAGED, "no two tasks share a host: the network ring carries host memory"
+        return Transfer.STAGED, ("no two tasks share a host's memory: the network ring "
+                                 "carries host memory")
     for host in hosts:
         seen: dict[int, int] = {}
         for rank in host:
