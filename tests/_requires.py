@@ -4,8 +4,8 @@ command that installs it into this project's environment.
 torch and JAX are extras outside the default environment (``uv run`` = the project and the dev
 group). ``uv sync --inexact --extra NAME`` adds one without removing what is already there, and
 later ``uv run`` calls keep it. CuPy comes from the ``gpu`` extra (CUDA 12 builds: CUDA 12 and 13
-drivers) or the ``gpu-cuda13`` extra (CUDA 13 builds); a CuPy that is installed but sees no CUDA device is told
-apart from a CuPy that is not installed.
+drivers) or the ``gpu-cuda13`` extra (CUDA 13 builds); a CuPy that is installed but sees no CUDA
+device is told apart from a CuPy that is not installed.
 """
 
 from __future__ import annotations
