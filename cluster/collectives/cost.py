@@ -1,6 +1,7 @@
-"""The message-count model of the network all-reduce algorithms: pure arithmetic, no I/O.
+"""Cost models of the all-reduce algorithms, pure arithmetic: the message counts of the
+network algorithms, and the time of the shared-memory ones per host shape.
 
-Two figures per algorithm and group size ``n``, both counting the mismatch handshake every
+Network. Two figures per algorithm and group size ``n``, both counting the mismatch handshake every
 algorithm sends (one empty message to the right neighbour, see ``_exchange``), except where
 the ring's and two-rank doubling's first data message carries it:
 
@@ -15,6 +16,14 @@ the ring's and two-rank doubling's first data message carries it:
 Recursive doubling minimises the first, the binomial tree the second; the ring is the
 bandwidth optimum for large messages but the worst on both counts for small ones.
 ``tests/collectives/test_cost.py`` counts the messages the algorithms really send.
+
+Shared memory. A :class:`HostShape` (cores, co-located ranks) and :class:`HostCosts` (what a
+wait and a moved byte cost, measured) give each algorithm's time for a message size
+(:func:`whole_seconds`, :func:`direct_seconds`, :func:`single_copy_seconds`), and from them the
+decisions :mod:`~cluster.collectives.shared_memory` takes by default: :func:`whole_bytes` and
+:func:`single_copy_pays`. With a core per rank a wait is cheap and every rank's phases run in
+parallel; where ranks take turns on cores a wait is a scheduler turn, and the algorithms with
+fewer waits win.
 
 >>> [latency_steps(a, 64) for a in ALGORITHMS], [messages(a, 64) for a in ALGORITHMS]
 ([126, 6, 12], [8064, 448, 190])
