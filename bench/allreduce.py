@@ -23,7 +23,13 @@ is the hierarchical one (shared memory inside a host, the network across the hos
 the network paths, one column each; ``shm`` always runs ``auto``.
 
 Every iteration starts after a barrier; its time is the slowest rank's;
-the table shows the median over ``--iters`` iterations after ``--warmup``.
+the table shows the median over ``--iters`` iterations after ``--warmup`` (with ``--rounds R``,
+the median of R such medians, each from fresh processes, the columns alternating).
+``CPU ns/B`` is the CPU time of all N rank processes together (every thread,
+``time.process_time``) per byte reduced, median over the iterations: it carries from one
+machine size to another where wall time does not (N ranks on 2 cores wait for each other's
+turns; on 16 they run at once). The output starts with the machine: cores, CPU model, and
+cores per rank at each N.
 busbw = algbw * 2(N-1)/N (nccl-tests' convention), with algbw = bytes / time. ``x gloo`` is
 gloo's time over ours, i.e. our speed relative to gloo's: above 1 we are faster.
 A first table gives, per N, the message-count model of :mod:`cluster.collectives.cost`
@@ -47,8 +53,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from bench._timing import time_all_reduce  # noqa: E402
-from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
+from bench._timing import time_all_reduce_cpu  # noqa: E402
+from bench.record import (  # noqa: E402
+    CORES_PER_RANK,
+    Column,
+    Figure,
+    Plot,
+    Table,
+    cores_per_rank,
+    machine_line,
+    write_result,
+)
 from cluster.testing import run_group  # noqa: E402
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -94,18 +109,23 @@ def _ours_rank(transport, sizes: list[int], iters: int, warmup: int, impl: str,
     on_one_host = group.topology is not None and group.topology.single_host
     if on_one_host != (plane == "shm"):
         raise RuntimeError(f"asked for the {plane} path, got topology {group.topology}")
-    return time_all_reduce(group, sizes, iters, warmup, transport.world_size)
+    return time_all_reduce_cpu(group, sizes, iters, warmup, transport.world_size)
+
+
+Timed = dict[int, tuple[float, float | None]]
+"""``{size: (wall seconds, CPU seconds of all ranks or None)}``: one column's medians."""
 
 
 def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
-               plane: str, algorithm: str = "auto") -> dict[int, float]:
+               plane: str, algorithm: str = "auto") -> Timed:
     if plane == "threads":
         return bench_threads(n, sizes, iters, warmup, impl, algorithm)
     if plane.startswith("netns"):
         from bench._netns_hosts import bench_netns
 
-        return _slowest_rank_medians(
+        walls = _slowest_rank_medians(
             bench_netns(n, int(plane[len("netns"):]), sizes, iters, warmup), sizes)
+        return {s: (walls[s], None) for s in sizes}
     env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
            "CLUSTER_DATA_PLANE": "tcp" if plane == "shm" else plane,
            "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network",
@@ -119,12 +139,13 @@ def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
         summary = "; ".join(f"rank {o.rank}: {(o.traceback or '').strip().splitlines()[-1:]}"
                             for o in failed)
         raise RuntimeError(f"ours ({plane}), N={n}: {len(failed)} rank(s) failed: {summary}")
-    return _slowest_rank_medians([o.result for o in outcomes], sizes)
+    return _medians_with_cpu([o.result for o in outcomes], sizes)
 
 
 def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
-                  algorithm: str) -> dict[int, float]:
-    """The network algorithms among ``n`` threads over the in-process transport."""
+                  algorithm: str) -> Timed:
+    """The network algorithms among ``n`` threads over the in-process transport (no CPU
+    figure: the ranks share one process)."""
     import threading
 
     from cluster.collectives import (
@@ -146,7 +167,8 @@ def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
 
     def rank_body(rank: int) -> None:
         try:
-            per_rank[rank] = time_all_reduce(groups[rank], sizes, iters, warmup, n)
+            timed = time_all_reduce_cpu(groups[rank], sizes, iters, warmup, n)
+            per_rank[rank] = {s: [wall for wall, _ in pairs] for s, pairs in timed.items()}
         except BaseException as error:  # reported below, after every thread ended
             errors.append(error)
             for t in hub.transports:  # the others would wait for us until their deadline
@@ -159,12 +181,25 @@ def bench_threads(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
         t.join(1800)
     if errors or any(t.is_alive() for t in threads):
         raise RuntimeError(f"ours (threads), N={n}: {errors[:1] or 'still running after 1800 s'}")
-    return _slowest_rank_medians(per_rank, sizes)
+    walls = _slowest_rank_medians(per_rank, sizes)
+    return {s: (walls[s], None) for s in sizes}
 
 
 def _slowest_rank_medians(per_rank: list[dict[int, list[float]]], sizes: list[int]) -> dict:
     return {s: statistics.median(max(r[s][i] for r in per_rank) for i in range(len(per_rank[0][s])))
             for s in sizes}
+
+
+def _medians_with_cpu(per_rank: list[dict[int, list[tuple[float, float]]]],
+                      sizes: list[int]) -> Timed:
+    """Per size: the median of the slowest rank's wall time and the median of the ranks' CPU
+    time summed, over the iterations."""
+    out: Timed = {}
+    for s in sizes:
+        iters = range(len(per_rank[0][s]))
+        out[s] = (statistics.median(max(r[s][i][0] for r in per_rank) for i in iters),
+                  statistics.median(sum(r[s][i][1] for r in per_rank) for i in iters))
+    return out
 
 
 # -- gloo ------------------------------------------------------------------------------------
@@ -184,17 +219,19 @@ def _gloo_rank(rank: int, n: int, port: int, sizes: list[int], iters: int, warmu
         for i in range(warmup + iters):
             y = x.clone()
             dist.barrier()
+            cpu = time.process_time()
             start = time.perf_counter()
             dist.all_reduce(y, op=dist.ReduceOp.SUM)
             elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu
             if i >= warmup:
-                per_iter.append(elapsed)
+                per_iter.append((elapsed, cpu))
         times[size] = per_iter
     dist.destroy_process_group()
     q.put((rank, times))
 
 
-def bench_gloo(n: int, sizes: list[int], iters: int, warmup: int) -> dict[int, float] | None:
+def bench_gloo(n: int, sizes: list[int], iters: int, warmup: int) -> Timed | None:
     try:
         import torch.distributed  # noqa: F401
     except ImportError:
@@ -216,7 +253,7 @@ def bench_gloo(n: int, sizes: list[int], iters: int, warmup: int) -> dict[int, f
             if p.is_alive():
                 p.kill()
                 p.join()
-    return _slowest_rank_medians([results[r] for r in range(n)], sizes)
+    return _medians_with_cpu([results[r] for r in range(n)], sizes)
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -224,6 +261,26 @@ def bench_gloo(n: int, sizes: list[int], iters: int, warmup: int) -> dict[int, f
 
 def busbw(size: int, n: int, seconds: float) -> float:
     return size / seconds * 2 * (n - 1) / n / 1e9 if n > 1 else 0.0
+
+
+def median_of_rounds(rounds: list[Timed], sizes: list[int]) -> Timed:
+    """Per size, the median over ``rounds`` of each one's wall and CPU medians."""
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return {s: (median([r[s][0] for r in rounds]), median([r[s][1] for r in rounds]))
+            for s in sizes}
+
+
+def per_byte(cpu_seconds: float | None, size: int) -> float | None:
+    """CPU nanoseconds per byte reduced (``None`` where not measured)."""
+    return cpu_seconds / size * 1e9 if cpu_seconds is not None and size else None
+
+
+def fmt_cpu(ns_per_byte: float | None) -> str:
+    """Three significant digits: 4 KiB calls cost tens of ns/B, 64 MiB ones a fraction."""
+    return "-" if ns_per_byte is None else f"{ns_per_byte:.3g}"
 
 
 def model_table(ns: list[int], sizes: list[int]) -> None:
@@ -256,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4K,64K,1M,4M,16M,64M,256M", help="comma list")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh launches per N and column, alternating; the table shows "
+                             "the median of the rounds' medians")
     parser.add_argument("--impl", default="auto", choices=["auto", "ring"],
                         help="our algorithm choice on the network paths "
                              "(CommunicationImplementation)")
@@ -275,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = [int(x) for x in args.nprocs.split(",")]
     if min(ns) < 1:
         parser.error("--nprocs: every count must be >= 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     planes = [p.strip() for p in args.paths.split(",")]
     unknown = set(planes) - {"shm", "tcp", "grpc", "threads"}
     if unknown:
@@ -289,40 +351,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.netns_hosts:
         variants.append((f"netns{args.netns_hosts}", "auto"))
         names[variants[-1]] = f"{args.netns_hosts} netns hosts"
+    print(machine_line(ns) + "\n", flush=True)
     if not args.no_model:
         model_table(ns, sizes)
     rows = []
-    head = "| N | size | gloo ms | gloo busbw GB/s |"
+    head = "| N | cores/rank | size | gloo ms | gloo busbw GB/s | gloo CPU ns/B |"
     for v in variants:
-        head += f" {names[v]} ms | {names[v]} busbw GB/s | {names[v]} x gloo |"
+        head += (f" {names[v]} ms | {names[v]} busbw GB/s | {names[v]} CPU ns/B |"
+                 f" {names[v]} x gloo |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for n in ns:
-        ours: dict[tuple[str, str], dict[int, float] | None] = {}
-        for p, a in variants:
-            try:
-                ours[(p, a)] = bench_ours(n, sizes, args.iters, args.warmup,
-                                          "auto" if p == "shm" else args.impl, p, a)
-            except RuntimeError as error:  # one variant failing must not lose the others
-                print(f"{names[(p, a)]} at N={n} failed: {error}", file=sys.stderr, flush=True)
-                ours[(p, a)] = None
-        gloo = None if args.no_gloo else bench_gloo(n, sizes, args.iters, args.warmup)
+        runs: dict[tuple[str, str], list[Timed] | None] = {v: [] for v in variants}
+        gloo_runs: list[Timed] = []
+        for _ in range(args.rounds):
+            for p, a in variants:
+                if runs[(p, a)] is None:
+                    continue
+                try:
+                    runs[(p, a)].append(bench_ours(n, sizes, args.iters, args.warmup,
+                                                   "auto" if p == "shm" else args.impl, p, a))
+                except RuntimeError as error:  # one variant failing must not lose the others
+                    print(f"{names[(p, a)]} at N={n} failed: {error}", file=sys.stderr,
+                          flush=True)
+                    runs[(p, a)] = None
+            if not args.no_gloo:
+                timed = bench_gloo(n, sizes, args.iters, args.warmup)
+                if timed is not None:
+                    gloo_runs.append(timed)
+        ours = {v: None if r is None else median_of_rounds(r, sizes) for v, r in runs.items()}
+        gloo = median_of_rounds(gloo_runs, sizes) if gloo_runs else None
         for size in sizes:
-            g = gloo[size] if gloo else None
+            g, g_cpu = gloo[size] if gloo else (None, None)
             row = {"n": n, "bytes": size, "gloo_s": g,
-                   "gloo_busbw": busbw(size, n, g) if g else None}
-            line = f"| {n} | {fmt_size(size)} | "
-            line += f"{g * 1e3:.2f} | {row['gloo_busbw']:.2f} |" if g else "- | - |"
+                   "gloo_busbw": busbw(size, n, g) if g else None,
+                   "gloo_cpu": per_byte(g_cpu, size)}
+            line = f"| {n} | {cores_per_rank(n):g} | {fmt_size(size)} | "
+            line += (f"{g * 1e3:.2f} | {row['gloo_busbw']:.2f} | {fmt_cpu(row['gloo_cpu'])} |"
+                     if g else "- | - | - |")
             for v in variants:
                 if ours[v] is None:
                     row[f"{names[v]}_s"] = None
-                    line += " failed | - | - |"
+                    line += " failed | - | - | - |"
                     continue
-                t = ours[v][size]
+                t, cpu = ours[v][size]
                 row[f"{names[v]}_s"] = t
                 row[f"{names[v]}_busbw"] = busbw(size, n, t)
+                row[f"{names[v]}_cpu"] = per_byte(cpu, size)
                 row[f"{names[v]}_ratio"] = g / t if g else None
-                line += f" {t * 1e3:.2f} | {busbw(size, n, t):.2f} | "
+                line += (f" {t * 1e3:.2f} | {busbw(size, n, t):.2f} |"
+                         f" {fmt_cpu(row[f'{names[v]}_cpu'])} | ")
                 line += f"{g / t:.2f}x |" if g else "- |"
             rows.append(row)
             print(line, flush=True)
@@ -340,26 +418,29 @@ def main(argv: list[str] | None = None) -> int:
 
 SUMMARY = ("All-reduce (float32 SUM) of the collective layer among N fresh processes on "
            "loopback, beside torch.distributed gloo in the same run. Slowest rank per "
-           "iteration, median over the timed iterations; busbw = algbw * 2(N-1)/N.")
+           "iteration, median over the timed iterations; busbw = algbw * 2(N-1)/N; CPU = "
+           "the N ranks' process CPU time per byte reduced.")
 
 
 def result_table(rows: list[dict], columns: list[str]) -> Table:
-    """One row per (N, size): gloo, then each of our columns' ms, busbw and x gloo."""
-    def num(v: float | None, scale: float = 1.0) -> float | None:
-        return round(v * scale, 2) if v is not None else None
+    """One row per (N, size): the cores per rank, gloo, then each of our columns' ms, busbw,
+    CPU ns/B and x gloo."""
+    def num(v: float | None, scale: float = 1.0, digits: int = 2) -> float | None:
+        return round(v * scale, digits) if v is not None else None
 
-    head = [Column("N"), Column("size"), Column("gloo", "ms", 2),
-            Column("gloo busbw", "GB/s", 2)]
+    head = [Column("N"), CORES_PER_RANK, Column("size"), Column("gloo", "ms", 2),
+            Column("gloo busbw", "GB/s", 2), Column("gloo CPU", "ns/B", 4)]
     for name in columns:
         head += [Column(name, "ms", 2), Column(f"{name} busbw", "GB/s", 2),
-                 Column(f"{name} x gloo", "x", 2)]
+                 Column(f"{name} CPU", "ns/B", 4), Column(f"{name} x gloo", "x", 2)]
     cells = []
     for row in rows:
-        line = [row["n"], fmt_size(row["bytes"]), num(row["gloo_s"], 1e3),
-                num(row["gloo_busbw"])]
+        line = [row["n"], cores_per_rank(row["n"]), fmt_size(row["bytes"]),
+                num(row["gloo_s"], 1e3), num(row["gloo_busbw"]),
+                num(row.get("gloo_cpu"), digits=4)]
         for name in columns:
             line += [num(row.get(f"{name}_s"), 1e3), num(row.get(f"{name}_busbw")),
-                     num(row.get(f"{name}_ratio"))]
+                     num(row.get(f"{name}_cpu"), digits=4), num(row.get(f"{name}_ratio"))]
         cells.append(tuple(line))
     return Table(title="Medians per all-reduce", columns=tuple(head), rows=tuple(cells))
 

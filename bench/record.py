@@ -37,12 +37,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Column", "Figure", "Machine", "Plot", "Result", "ResultError", "Table",
-           "load_result", "machine_here", "result_json", "write_result"]
+__all__ = ["CORES_PER_RANK", "Column", "Figure", "Machine", "Plot", "Result", "ResultError",
+           "Table", "cores_per_rank", "load_result", "machine_here", "machine_line",
+           "result_json", "write_result"]
 
 SCHEMA = 1
 REPO = Path(__file__).resolve().parent.parent
-UNITS = ("", "x", "ms", "us", "s", "GB/s", "MB/s", "MiB", "%", "steps/s", "count")
+UNITS = ("", "x", "ms", "us", "s", "GB/s", "MB/s", "MiB", "%", "steps/s", "count", "ns/B")
 PLOT_KINDS = ("bar", "line")
 Cell = int | float | str | None
 
@@ -217,6 +218,32 @@ def machine_here() -> Machine:
         pass
     return Machine(cores=os.cpu_count() or 1, cpu=cpu or platform.processor() or "unknown",
                    memory_gib=memory, os=platform.platform())
+
+
+CORES_PER_RANK = Column("cores/rank", "", 2)
+"""The column every table with a row per rank count carries: this machine's cores over N."""
+
+
+def cores_per_rank(ranks: int, cores: int | None = None) -> float:
+    """``cores`` (this machine's by default) over ``ranks``, to 2 decimals: the machine's shape
+    as a rank sees it (0.5: two ranks take turns on each core)."""
+    return round((cores or os.cpu_count() or 1) / ranks, 2)
+
+
+def machine_line(ranks: Sequence[int] = ()) -> str:
+    """The line a bench prints above its tables: this machine's cores, CPU model and memory,
+    and the cores per rank at each of ``ranks`` (the rank counts the tables show).
+
+    >>> machine_line([2, 4]).startswith("machine: ")
+    True
+    """
+    m = machine_here()
+    memory = f", {m.memory_gib:g} GiB" if m.memory_gib is not None else ""
+    text = f"machine: {m.cores} cores, {m.cpu}{memory}"
+    if ranks:
+        text += "; cores per rank: " + ", ".join(
+            f"{cores_per_rank(n, m.cores):g} at N={n}" for n in ranks)
+    return text
 
 
 def _commit_here() -> tuple[str, bool]:

@@ -48,7 +48,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
+from bench.record import (  # noqa: E402
+    Column,
+    Figure,
+    Plot,
+    Table,
+    cores_per_rank,
+    machine_line,
+    write_result,
+)
 from cluster.ctl.ports import ensure_fd_limit, pick_free_ports  # noqa: E402
 
 TASK = Path(__file__).resolve().parent / "_scale_task.py"
@@ -203,7 +211,7 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def bench(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
-    row: dict[str, str] = {"N": str(n)}
+    row: dict[str, str] = {"N": str(n), "cores/rank": f"{cores_per_rank(n):g}"}
     interp = None if args.no_baseline else interpreters(n, env, args.timeout)
     group = Cluster(n, args.iters, args.warmup, env)
     try:
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[-1]["load before"] = f"{load:.1f}"
         print(f"N={n}: {rows[-1]}", file=sys.stderr, flush=True)
     columns = list(rows[0])
-    print(f"\npath {args.path}, {args.iters} iterations after {args.warmup} warm-up; "
+    print("\n" + machine_line(counts))
+    print(f"path {args.path}, {args.iters} iterations after {args.warmup} warm-up; "
           f"load average at the end {os.getloadavg()[0]:.1f}\n")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
@@ -306,7 +315,8 @@ SUMMARY = ("Start-up, a 4 KiB all-reduce, failure detection after a SIGKILL, and
            "threads, open files and memory against the number of python -m worker tasks; each "
            "N a fresh cluster started 16 tasks at a time.")
 # The printed columns carry their unit in the name; the result file names the unit apart.
-RESULT_COLUMNS = (("N", "N", ""), ("spawn s", "spawn", "s"), ("interp s", "interp", "s"),
+RESULT_COLUMNS = (("N", "N", ""), ("cores/rank", "cores/rank", ""), ("spawn s", "spawn", "s"),
+                  ("interp s", "interp", "s"),
                   ("joined s", "joined", "s"), ("1st coll s", "1st coll", "s"),
                   ("beyond s", "beyond", "s"), ("4 KiB ms", "4 KiB", "ms"),
                   ("threads task", "threads task", ""), ("threads coord", "threads coord", ""),

@@ -63,7 +63,15 @@ from bench._model_shapes import MODELS, parameter_count  # noqa: E402
 from bench._results import task_result  # noqa: E402
 from bench._strategy_torch import bench_torch, torch_version  # noqa: E402
 from bench.allreduce import busbw, fmt_size, parse_size  # noqa: E402
-from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
+from bench.record import (  # noqa: E402
+    Column,
+    Figure,
+    Plot,
+    Table,
+    cores_per_rank,
+    machine_line,
+    write_result,
+)
 from cluster.testing import (  # noqa: E402
     TaskProcesses,
     loopback_cluster,
@@ -212,7 +220,8 @@ def rows_for(n: int, path: str, cases: list[str], ours: list[dict] | None,
 HEAD = ("| N | case | ours median (ms) | gloo/DDP median (ms) | x gloo | target | "
         "busbw ours (GB/s) | busbw gloo (GB/s) | DDP backward (ms) | local backward (ms) | "
         "torch SGD step (ms) | x (DDP + step) | gloo on DDP's buckets alone (ms) | "
-        "x buckets | CPU per call, all ranks, ours / gloo (ms) | cores busy ours / gloo |")
+        "x buckets | CPU per call, all ranks, ours / gloo (ms) | cores busy ours / gloo | "
+        "cores/rank |")
 
 
 def gloo_wall(row: dict) -> float | None:
@@ -252,7 +261,7 @@ def format_row(row: dict) -> str:
              f"{row['x_buckets']:.2f}x" if row["x_buckets"] is not None else "",
              f"{ms(row['ours_cpu_s'], '-')} / {ms(row['gloo_cpu_s'], '-')}",
              f"{busy(row['ours_cpu_s'], row['ours_s'])} / "
-             f"{busy(row['gloo_cpu_s'], gloo_wall(row))}"]
+             f"{busy(row['gloo_cpu_s'], gloo_wall(row))}", f"{cores_per_rank(row['n']):g}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -270,7 +279,7 @@ RESULT_COLUMNS = tuple(Column(name, unit, 2 if unit or name.startswith("cores") 
     ("network x (DDP + step)", "x"), ("gloo on DDP's buckets alone", "ms"),
     ("shm x buckets", "x"), ("network x buckets", "x"), ("CPU per call shm", "ms"),
     ("CPU per call network", "ms"), ("CPU per call gloo", "ms"), ("cores busy shm", ""),
-    ("cores busy network", ""), ("cores busy gloo", "")))
+    ("cores busy network", ""), ("cores busy gloo", ""), ("cores/rank", "")))
 PLOTS = [Plot(title="Time per call, ours on each path beside gloo/DDP", table=0, kind="bar",
               x=("N", "case"), y=("shm", "network", "gloo/DDP"), ylabel="ms")]
 
@@ -301,7 +310,7 @@ def result_table(rows: list[dict]) -> Table:
             ms(net.get("ours_cpu_s")), ms(any_row["gloo_cpu_s"]),
             cores(shm.get("ours_cpu_s"), shm.get("ours_s")),
             cores(net.get("ours_cpu_s"), net.get("ours_s")),
-            cores(any_row["gloo_cpu_s"], gloo_wall(any_row))))
+            cores(any_row["gloo_cpu_s"], gloo_wall(any_row)), cores_per_rank(n)))
     return Table(title="Medians per call", columns=RESULT_COLUMNS, rows=tuple(cells),
                  notes=environment_line())
 
@@ -369,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     gloo_state = ("skipped" if args.no_torch
                   else "ok" if torch_version() is not None else "not installed")
 
+    print(machine_line(ns), flush=True)
     print(environment_line(), flush=True)
     rows: list[dict] = []
     profile = None

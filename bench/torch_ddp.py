@@ -49,7 +49,16 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples" / "torch"))
 
 from bench._results import task_result  # noqa: E402
-from bench.record import Column, Figure, Plot, Table, write_result  # noqa: E402
+from bench.record import (  # noqa: E402
+    CORES_PER_RANK,
+    Column,
+    Figure,
+    Plot,
+    Table,
+    cores_per_rank,
+    machine_line,
+    write_result,
+)
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
 from cluster.testing import TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
@@ -275,13 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     systems.append("DDP gloo")
     import torch
 
+    ns = [int(v) for v in args.nprocs.split(",")]
+    print(machine_line(ns), flush=True)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU(s), batch {args.batch} rows per "
           f"process, medians of {args.rounds} x {args.repeats} repeats x {args.steps} steps, "
           f"load {_load()}", flush=True)
-    header = ("| N | model | system | steps/s | step ms | compute ms | comm ms | x DDP | "
-              "CPU ms/step | CPU ms/compute |\n|---|---|---|---|---|---|---|---|---|---|")
+    header = ("| N | cores/rank | model | system | steps/s | step ms | compute ms | comm ms | "
+              "x DDP | CPU ms/step | CPU ms/compute |\n" + "|---" * 11 + "|")
     rows, lines, phase_lines = [], [header], []
-    for n in [int(v) for v in args.nprocs.split(",")]:
+    for n in ns:
         for model in args.models.split(","):
             config = {"model": model, "batch": args.batch, "steps": args.steps,
                       "warmup": args.warmup, "repeats": args.repeats, "phases": args.phases}
@@ -295,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             ddp = found["DDP gloo"]["steps_per_s"]
             for system, r in found.items():
                 rows.append(dict(r, n=n, model=model, system=system))
-                lines.append(f"| {n} | {model} | {system} | {r['steps_per_s']:.2f} | "
+                lines.append(f"| {n} | {cores_per_rank(n):g} | {model} | {system} | "
+                             f"{r['steps_per_s']:.2f} | "
                              f"{r['step_ms']:.1f} | {r['compute_ms']:.1f} | {r['comm_ms']:.1f} "
                              f"| {r['steps_per_s'] / ddp:.2f}x | {r['cpu_step_ms']:.1f} | "
                              f"{r['cpu_compute_ms']:.1f} |")
@@ -333,12 +345,14 @@ def result_table(rows: list[dict]) -> Table:
     """One row per (N, model, system); ``x DDP`` is its steps/s over DDP's of the same N and
     model."""
     ddp = {(r["n"], r["model"]): r["steps_per_s"] for r in rows if r["system"] == "DDP gloo"}
-    columns = (Column("N"), Column("model"), Column("system"), Column("steps/s", "steps/s", 2),
+    columns = (Column("N"), CORES_PER_RANK, Column("model"), Column("system"),
+               Column("steps/s", "steps/s", 2),
                Column("step", "ms", 1), Column("compute", "ms", 1), Column("comm", "ms", 1),
                Column("x DDP", "x", 2), Column("CPU per step", "ms", 1),
                Column("CPU per compute", "ms", 1))
     cells = tuple(
-        (r["n"], r["model"], r["system"], round(r["steps_per_s"], 2), round(r["step_ms"], 1),
+        (r["n"], cores_per_rank(r["n"]), r["model"], r["system"], round(r["steps_per_s"], 2),
+         round(r["step_ms"], 1),
          round(r["compute_ms"], 1), round(r["comm_ms"], 1),
          round(r["steps_per_s"] / ddp[(r["n"], r["model"])], 2)
          if (r["n"], r["model"]) in ddp else None,
@@ -349,9 +363,10 @@ def result_table(rows: list[dict]) -> Table:
 def result_figures(rows: list[dict]) -> list[Figure]:
     """``x DDP`` of each of our systems, per N and model."""
     table = result_table(rows)
-    x = table.column("x DDP")
-    return [Figure(f"{row[2]} {row[1]} N={row[0]}", row[x], "x")
-            for row in table.rows if row[2] != "DDP gloo" and row[x] is not None]
+    x, n = table.column("x DDP"), table.column("N")
+    model, system = table.column("model"), table.column("system")
+    return [Figure(f"{row[system]} {row[model]} N={row[n]}", row[x], "x")
+            for row in table.rows if row[system] != "DDP gloo" and row[x] is not None]
 
 
 def _load() -> str:

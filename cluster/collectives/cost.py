@@ -1,6 +1,7 @@
-"""The message-count model of the network all-reduce algorithms: pure arithmetic, no I/O.
+"""Cost models of the all-reduce algorithms, pure arithmetic: the message counts of the
+network algorithms, and the time of the shared-memory ones per host shape.
 
-Two figures per algorithm and group size ``n``, both counting the mismatch handshake every
+Network. Two figures per algorithm and group size ``n``, both counting the mismatch handshake every
 algorithm sends (one empty message to the right neighbour, see ``_exchange``), except where
 the ring's and two-rank doubling's first data message carries it:
 
@@ -16,13 +17,37 @@ Recursive doubling minimises the first, the binomial tree the second; the ring i
 bandwidth optimum for large messages but the worst on both counts for small ones.
 ``tests/collectives/test_cost.py`` counts the messages the algorithms really send.
 
+Shared memory. A :class:`HostShape` (cores, co-located ranks) and :class:`HostCosts` (what a
+wait and a moved byte cost, measured) give each algorithm's time for a message size
+(:func:`whole_seconds`, :func:`direct_seconds`, :func:`single_copy_seconds`), and from them the
+decisions :mod:`~cluster.collectives.shared_memory` takes by default: :func:`whole_bytes` and
+:func:`single_copy_pays`. With a core per rank a wait is cheap and every rank's phases run in
+parallel; where ranks take turns on cores a wait is a scheduler turn, and the algorithms with
+fewer waits win.
+
 >>> [latency_steps(a, 64) for a in ALGORITHMS], [messages(a, 64) for a in ALGORITHMS]
 ([126, 6, 12], [8064, 448, 190])
 """
 
 from __future__ import annotations
 
-__all__ = ["ALGORITHMS", "latency_steps", "messages"]
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "ALGORITHMS",
+    "MEASURED",
+    "HostCosts",
+    "HostShape",
+    "direct_seconds",
+    "latency_steps",
+    "messages",
+    "single_copy_pays",
+    "single_copy_seconds",
+    "wait_seconds",
+    "whole_bytes",
+    "whole_seconds",
+]
 
 ALGORITHMS = ("ring", "doubling", "tree")
 
@@ -69,3 +94,150 @@ def _check(algorithm: str, n: int) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r}; one of {ALGORITHMS}")
     if n < 1:
         raise ValueError(f"a group has at least one rank, got {n}")
+
+
+# -- shared memory on one host: cost per machine shape ---------------------------------------
+
+
+@dataclass(frozen=True)
+class HostShape:
+    """``ranks`` co-located ranks sharing a host's ``cores`` (``os.cpu_count()``: the same on
+    every rank of a host, so every rank takes the same decisions; an affinity mask, which may
+    differ per rank, must not decide an algorithm)."""
+
+    cores: int
+    ranks: int
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "ranks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"HostShape.{name} must be an int >= 1, got {value!r}")
+
+    @classmethod
+    def here(cls, ranks: int) -> HostShape:
+        """``ranks`` co-located ranks on this machine's cores."""
+        return cls(os.cpu_count() or 1, ranks)
+
+    @property
+    def cores_per_rank(self) -> float:
+        return self.cores / self.ranks
+
+    @property
+    def share(self) -> float:
+        """How many ranks take turns on one core (1.0 with a core per rank or more)."""
+        return max(1.0, self.ranks / self.cores)
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """What one rank's steps cost on a host; the defaults were measured on a 2-core AMD EPYC VM
+    with ``bench/allreduce.py`` and ``bench/strategy.py`` (see each field), and are taken as they
+    are for servers: a server core copies at about the same rate (10-20 GB/s from cache), and with
+    a core per rank its waits are as cheap.
+
+    - ``move_bytes_per_s``: bytes a core moves (read plus written) per second in the NumPy
+      passes of the all-reduces: 7.5e9, the slope of the 4-rank whole and direct all-reduces
+      between 256 KiB and 1 MiB (0.69 ms per MiB apart, for 2.5 more moved bytes per byte and
+      rank, 2 ranks per core); ``np.copyto`` copies 12.7 GB/s of 1 MiB (25 GB/s moved) here.
+    - ``wait_s``: one more synchronisation when every rank has its own core, i.e. its peers run
+      in lockstep and a wait mostly finds their progress already posted: 4e-6, from the 2-rank
+      crossover (the direct algorithm wins from 32 KiB: 64 KiB in 0.04 ms against 0.07 ms).
+    - ``shared_wait_s``: one more synchronisation when two ranks take turns on each core: the
+      waiter sleeps until the scheduler runs the peer it waits for: 0.37e-3, from the 4-rank
+      crossover (256 KiB 0.51 against 0.71 ms, 1 MiB 1.13 against 0.81 ms); it grows with
+      :attr:`HostShape.share`.
+    - ``kernel_read_s_per_byte``: what reading a peer's array in place through
+      ``process_vm_readv`` costs per byte beyond a staged copy (the kernel pins the peer's pages
+      and copies into a scratch that then leaves cache): 5e-11, ResNet-50's ``apply_gradients``
+      at 2 ranks (~100 MB of gradients) staged in 37-42 ms, read in place in 42-50 ms.
+    """
+
+    move_bytes_per_s: float = 7.5e9
+    wait_s: float = 4e-6
+    shared_wait_s: float = 0.37e-3
+    kernel_read_s_per_byte: float = 5e-11
+
+
+MEASURED = HostCosts()
+"""The measured costs every default decision uses."""
+
+REFERENCE_BYTES = 64 << 20
+"""The message a per-group decision (:func:`single_copy_pays`) is taken for: a large model's
+gradients in one step (ResNet-50's are 100 MB, BERT-base's 440 MB)."""
+
+
+def wait_seconds(shape: HostShape, costs: HostCosts = MEASURED) -> float:
+    """One synchronisation of the co-located ranks: cheap with a core per rank; with ranks
+    outnumbering cores, the scheduler's turn of the peer waited for.
+
+    Waits sleep on a futex at once, with any shape: polling 50 us first measured slower on the
+    shared 2-core VM (4 KiB at N=2, four alternating pairs: 0.99-7.8 ms against 0.60-6.2 ms), as
+    a polling rank holds the core that a peer the scheduler placed beside it needs.
+    """
+    if shape.ranks <= shape.cores:
+        return costs.wait_s
+    return costs.shared_wait_s * shape.share / 2.0  # measured at 2 ranks per core
+
+
+def whole_seconds(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED) -> float:
+    """The small all-reduce: one wait; every rank copies its value in (2 moved bytes per byte)
+    and reduces all ``L`` values (``L + 1``): ``(L + 3) n`` bytes moved per rank."""
+    moved = (shape.ranks + 3) * nbytes
+    return wait_seconds(shape, costs) + moved * shape.share / costs.move_bytes_per_s
+
+
+def direct_seconds(shape: HostShape, nbytes: int, round_bytes: int,
+                   costs: HostCosts = MEASURED) -> float:
+    """The staged direct all-reduce: two waits per round; per rank, copy in ``(L-1)/L n``
+    (twice that moved), reduce its ``n/L`` from ``L`` parts (``n + 2n/L``), copy out
+    ``(L-1)/L n`` (twice): ``(5 - 2/L) n`` bytes moved."""
+    rounds = max(1, -(-nbytes // round_bytes))
+    moved = (5 - 2 / shape.ranks) * nbytes
+    return (2 * rounds * wait_seconds(shape, costs)
+            + moved * shape.share / costs.move_bytes_per_s)
+
+
+def single_copy_seconds(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED) -> float:
+    """The direct all-reduce reading peers in place: three waits per call, the same moved bytes
+    as :func:`direct_seconds`, and the kernel's reads of ``2 (L-1)/L n`` bytes from peers."""
+    moved = (5 - 2 / shape.ranks) * nbytes
+    read = 2 * (shape.ranks - 1) / shape.ranks * nbytes
+    return (3 * wait_seconds(shape, costs)
+            + (moved / costs.move_bytes_per_s + read * costs.kernel_read_s_per_byte)
+            * shape.share)
+
+
+def whole_bytes(shape: HostShape, costs: HostCosts = MEASURED) -> int:
+    """The largest power of two (1 KiB to 1 MiB) of bytes at which :func:`whole_seconds` is at
+    most :func:`direct_seconds` (one round): the small all-reduce's threshold.
+
+    The whole algorithm moves ``L - 2 + 2/L`` more bytes per byte than the direct one and saves
+    one wait, so the threshold is ``wait * bandwidth / ((L - 2 + 2/L) * share)``: with a core per
+    rank waits cost little and the threshold falls with ``L`` (16 KiB at 2 ranks, 8 KiB at 4,
+    4 KiB at 8, on 2 cores or 16 alike); where ranks take turns on cores a wait costs a
+    scheduler turn and reducing whole pays up to 512 KiB (4 ranks on 2 cores).
+    """
+    extra = shape.ranks - 2 + 2 / shape.ranks  # moved bytes per byte, whole over direct (>= 1)
+    crossover = wait_seconds(shape, costs) * costs.move_bytes_per_s / (extra * shape.share)
+    size = 1 << 10
+    while size * 2 <= min(crossover, 1 << 20):
+        size *= 2
+    return size
+
+
+def single_copy_pays(shape: HostShape, round_bytes: int, nbytes: int = REFERENCE_BYTES,
+                     costs: HostCosts = MEASURED) -> bool:
+    """Whether reading peers' arrays in place beats the staged rounds for ``nbytes``.
+
+    It saves ``2 rounds - 3`` waits and pays the kernel's reads. With a core per rank (2 ranks
+    on 2 cores; 2, 4 or 8 ranks on 16) a wait costs microseconds and the staged rounds win: every
+    rank copies its part into the arena on its own core while the others do the same, so the
+    copy phases run in parallel at each core's copy bandwidth and the parts are reduced from
+    cache. Where ranks take turns on cores (4 ranks on 2) each wait is a scheduler turn and
+    reading in place wins. One rank has nothing to read.
+    """
+    if shape.ranks == 1:
+        return False
+    return single_copy_seconds(shape, nbytes, costs) < direct_seconds(shape, nbytes,
+                                                                      round_bytes, costs)

@@ -22,8 +22,11 @@ staging buffers per rank, a rank fills round ``t + 1`` while slower peers still 
   from their input arrays, and the all-gather reads the other segments straight from their
   owners' outputs. The same reductions in the same order (the same bytes), three
   synchronisations per call instead of two per round, and no copy into or out of the arena.
-  By default only where local ranks outnumber cores (:func:`auto_single_copy`); otherwise, or
-  where the kernel forbids it, the staged rounds above.
+  By default where the cost model of the host's shape says it pays (:func:`auto_single_copy`:
+  where ranks take turns on cores); otherwise, or where the kernel forbids it, the staged
+  rounds above.
+- Algorithm choices come from :mod:`~cluster.collectives.cost`'s model per host shape (cores
+  and co-located ranks, message size): the small algorithm's threshold and single copy.
 - :meth:`reduce_scatter`, :meth:`all_gather` (sizes may differ per rank), :meth:`broadcast` and
   :meth:`barrier` follow the same pattern.
 
@@ -43,7 +46,7 @@ import os
 
 import numpy as np
 
-from cluster.collectives import cma, kernels
+from cluster.collectives import cma, cost, kernels
 from cluster.collectives.arena import Arena, progress
 from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
@@ -55,32 +58,41 @@ __all__ = ["SharedMemoryCollectives", "auto_single_copy", "auto_whole_bytes"]
 
 
 def auto_whole_bytes(local_size: int, cpus: int | None = None) -> int:
-    """The largest all-reduce that every rank reduces whole, for ``local_size`` ranks.
+    """The largest all-reduce that every rank reduces whole, for ``local_size`` ranks on
+    ``cpus`` cores (this machine's by default): :func:`cost.whole_bytes` of that shape.
 
-    Measured with ``bench/allreduce.py`` on 2 cores: with a core per rank the direct
-    algorithm wins from 32 KiB (2 ranks: 64 KiB in 0.04 ms vs 0.07 ms); with more ranks than
-    cores each extra wait costs a context switch, and reducing whole wins up to 512 KiB
-    (4 ranks: 256 KiB in 0.51 ms vs 0.71 ms; 1 MiB in 1.13 ms vs 0.81 ms).
+    On 2 cores: 16 KiB for 2 ranks (the direct algorithm wins from 32 KiB: 64 KiB in 0.04 ms
+    against 0.07 ms), 512 KiB for 3 or 4 (each extra wait is a scheduler turn: 4 ranks, 256 KiB
+    in 0.51 ms against 0.71 ms; 1 MiB in 1.13 ms against 0.81 ms). On 16 cores, with a core per
+    rank, waits are cheap and every rank's phases run in parallel, so the direct algorithm's
+    fewer moved bytes win early: 16 KiB for 2 ranks, 8 KiB for 4, 4 KiB for 8.
     """
-    return (512 << 10) if _outnumber_cores(local_size, cpus) else (16 << 10)
+    return cost.whole_bytes(_shape(local_size, cpus))
 
 
 def auto_single_copy(local_size: int, cpus: int | None = None) -> bool:
-    """Whether ``local_size`` ranks read each other's arrays in place by default.
+    """Whether ``local_size`` ranks on ``cpus`` cores (this machine's by default) read each
+    other's arrays in place by default: :func:`cost.single_copy_pays` at the default round.
 
-    Measured with ``bench/strategy.py`` (ResNet-50's ``apply_gradients``, alternating runs) on
-    2 cores: with more ranks than cores every staged round's two waits are context switches, and
-    reading in place wins (4 ranks: median 112.5 ms against 125.5 ms over six pairs; 91-99 ms
-    against 98-117 ms for ``all_reduce_apply`` alone); with a core per rank the staged rounds'
-    waits are cheap and their copies run from cache, and they win (2 ranks: 37-42 ms against
-    42-50 ms).
+    On 2 cores: not for 2 ranks (ResNet-50's ``apply_gradients`` staged in 37-42 ms, in place in
+    42-50 ms), yes for 3 or 4, where every staged round's two waits are scheduler turns (4 ranks:
+    median 112.5 ms against 125.5 ms over six pairs). On 16 cores, 2, 4 or 8 ranks: staged
+    rounds, since each rank copies its part into the arena on its own core in parallel with the
+    others, near that core's copy bandwidth, and the waits that single copy saves cost
+    microseconds.
     """
-    return _outnumber_cores(local_size, cpus)
+    return cost.single_copy_pays(_shape(local_size, cpus), DEFAULT_ROUND_BYTES)
 
 
-def _outnumber_cores(local_size: int, cpus: int | None) -> bool:
-    """Whether ``local_size`` ranks outnumber ``cpus`` cores (this machine's by default)."""
-    return local_size > (cpus if cpus is not None else os.cpu_count() or 1)
+DEFAULT_ROUND_BYTES = 2 << 20
+"""The arena round a group's single-copy decision assumes (the group's default round), so the
+decision depends on the host's shape alone, not on a group's tuning."""
+
+
+def _shape(local_size: int, cpus: int | None) -> cost.HostShape:
+    """``local_size`` ranks on ``cpus`` cores, this machine's by default (``os.cpu_count()``,
+    the same on every rank of a host, unlike an affinity mask)."""
+    return cost.HostShape(cpus if cpus is not None else os.cpu_count() or 1, local_size)
 
 
 class SharedMemoryCollectives:

@@ -24,8 +24,10 @@ from bench.record import (
     Result,
     ResultError,
     Table,
+    cores_per_rank,
     load_result,
     machine_here,
+    machine_line,
     result_json,
     write_result,
 )
@@ -218,16 +220,36 @@ def _png_chunk_types(data: bytes) -> set[bytes]:
 
 def test_allreduce_rows_become_a_table_of_the_schema():
     bench = _load("bench_allreduce", REPO / "bench" / "allreduce.py")
-    rows = [{"n": 2, "bytes": 4096, "gloo_s": 0.002, "gloo_busbw": 0.002, "shm_s": 0.001,
-             "shm_busbw": 0.004, "shm_ratio": 2.0},
+    rows = [{"n": 2, "bytes": 4096, "gloo_s": 0.002, "gloo_busbw": 0.002, "gloo_cpu": 976.5625,
+             "shm_s": 0.001, "shm_busbw": 0.004, "shm_cpu": 48.828125, "shm_ratio": 2.0},
             {"n": 2, "bytes": 64 << 20, "gloo_s": None, "gloo_busbw": None, "shm_s": None}]
     table = bench.result_table(rows, ["shm"])
-    assert [c.name for c in table.columns] == ["N", "size", "gloo", "gloo busbw", "shm",
-                                               "shm busbw", "shm x gloo"]
-    assert table.rows == ((2, "4 KiB", 2.0, 0.0, 1.0, 0.0, 2.0),
-                          (2, "64 MiB", None, None, None, None, None))
+    assert [c.name for c in table.columns] == ["N", "cores/rank", "size", "gloo", "gloo busbw",
+                                               "gloo CPU", "shm", "shm busbw", "shm CPU",
+                                               "shm x gloo"]
+    assert table.columns[table.column("shm CPU")].unit == "ns/B"
+    here = round((os.cpu_count() or 1) / 2, 2)
+    assert table.rows == ((2, here, "4 KiB", 2.0, 0.0, 976.5625, 1.0, 0.0, 48.8281, 2.0),
+                          (2, here, "64 MiB", None, None, None, None, None, None, None))
+    assert bench.per_byte(0.004, 4096) == pytest.approx(976.5625)
+    assert bench.per_byte(None, 4096) is None
     assert bench.result_figures(rows[:1], ["shm"]) == [Figure("shm 4 KiB N=2", 2.0, "x")]
     _result(tables=(table,), plots=tuple(bench.result_plots(["shm"])))  # the plot fits
+
+
+def test_the_benches_name_the_machine_and_its_cores_per_rank():
+    here = machine_here()
+    line = machine_line([2, 4])
+    assert line.startswith(f"machine: {here.cores} cores, {here.cpu}")
+    assert line.endswith(f"cores per rank: {cores_per_rank(2):g} at N=2, "
+                         f"{cores_per_rank(4):g} at N=4")
+    assert [cores_per_rank(n, cores=2) for n in (1, 2, 4)] == [2.0, 1.0, 0.5]
+    assert [cores_per_rank(n, cores=16) for n in (2, 3, 8)] == [8.0, 5.33, 2.0]
+    torch_ddp = _load("bench_torch_ddp", REPO / "bench" / "torch_ddp.py")
+    row = {"n": 4, "model": "1M", "step_ms": 10.0, "compute_ms": 8.0, "comm_ms": 2.0,
+           "cpu_step_ms": 9.0, "cpu_compute_ms": 7.0, "system": "DDP gloo", "steps_per_s": 6.0}
+    table = torch_ddp.result_table([row])
+    assert table.rows[0][table.column("cores/rank")] == cores_per_rank(4)
 
 
 def test_strategy_rows_become_one_row_per_case_with_both_paths():

@@ -9,10 +9,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cluster.collectives import ReduceOp
-from cluster.collectives.cost import ALGORITHMS, latency_steps, messages
+from cluster.collectives import ReduceOp, cost
+from cluster.collectives.cost import ALGORITHMS, HostShape, latency_steps, messages
 from cluster.collectives.group import SETUP_SEQ
 from cluster.collectives.options import Algorithm, CollectivePath, CollectiveSettings
+from cluster.collectives.shared_memory import (
+    DEFAULT_ROUND_BYTES,
+    auto_single_copy,
+    auto_whole_bytes,
+)
 
 from ._threads import make_groups, run_ranks
 
@@ -87,3 +92,66 @@ def test_the_algorithms_send_what_the_model_counts(algorithm: str, n: int) -> No
     sent.pop(SETUP_SEQ, None)  # the group's one-off setup, inside its first collective
     assert len(sent) == 1, sent  # nothing but this all-reduce went over the wire
     assert sum(sent.values()) == messages(algorithm, n)
+
+
+# -- shared memory: decisions per host shape -------------------------------------------------
+
+KIB = 1 << 10
+
+
+@pytest.mark.parametrize(
+    ("cores", "ranks", "whole", "single_copy"),
+    [
+        # 2 cores: what measures best there (bench/allreduce.py, bench/strategy.py).
+        (2, 2, 16 * KIB, False),
+        (2, 3, 512 * KIB, True),
+        (2, 4, 512 * KIB, True),
+        # 16 cores, a core per rank or more: waits are cheap, every phase runs in parallel.
+        (16, 2, 16 * KIB, False),
+        (16, 4, 8 * KIB, False),
+        (16, 8, 4 * KIB, False),
+        (16, 16, 2 * KIB, False),
+        (16, 32, 32 * KIB, True),  # ranks take turns on cores again
+    ],
+)
+def test_shared_memory_decisions_per_host_shape(cores: int, ranks: int, whole: int,
+                                                single_copy: bool) -> None:
+    shape = HostShape(cores, ranks)
+    assert cost.whole_bytes(shape) == whole
+    assert cost.single_copy_pays(shape, DEFAULT_ROUND_BYTES) is single_copy
+    # The defaults of the shared-memory collectives are these decisions.
+    assert auto_whole_bytes(ranks, cpus=cores) == whole
+    assert auto_single_copy(ranks, cpus=cores) is single_copy
+
+
+@pytest.mark.parametrize(("cores", "ranks"), [(2, 2), (2, 4), (16, 2), (16, 4), (16, 8)])
+def test_the_small_threshold_is_where_the_modelled_costs_cross(cores: int, ranks: int) -> None:
+    shape = HostShape(cores, ranks)
+    whole = cost.whole_bytes(shape)
+    one_round = 1 << 30  # every size below in one round
+    assert cost.whole_seconds(shape, whole) <= cost.direct_seconds(shape, whole, one_round)
+    assert cost.whole_seconds(shape, 2 * whole) > cost.direct_seconds(shape, 2 * whole,
+                                                                      one_round)
+
+
+def test_a_wait_costs_a_scheduler_turn_only_where_ranks_outnumber_cores() -> None:
+    free = [cost.wait_seconds(HostShape(16, n)) for n in (2, 4, 8, 16)]
+    assert free == [cost.MEASURED.wait_s] * 4
+    shared = [cost.wait_seconds(HostShape(2, n)) for n in (3, 4, 8)]
+    assert shared == sorted(shared) and shared[0] > 10 * free[0]
+    assert cost.wait_seconds(HostShape(2, 4)) == cost.MEASURED.shared_wait_s
+    # Faster copies (a server core) lower the small threshold; dearer waits raise it.
+    fast = cost.HostCosts(move_bytes_per_s=4 * cost.MEASURED.move_bytes_per_s)
+    slow_waits = cost.HostCosts(wait_s=8 * cost.MEASURED.wait_s)
+    shape = HostShape(16, 4)
+    assert cost.whole_bytes(shape, fast) > cost.whole_bytes(shape)
+    assert cost.whole_bytes(shape, slow_waits) > cost.whole_bytes(shape)
+
+
+def test_one_rank_never_reads_in_place_and_shapes_are_validated() -> None:
+    assert not cost.single_copy_pays(HostShape(2, 1), DEFAULT_ROUND_BYTES)
+    assert HostShape(16, 4).cores_per_rank == 4.0 and HostShape(2, 4).share == 2.0
+    with pytest.raises(ValueError, match="HostShape.ranks"):
+        HostShape(2, 0)
+    with pytest.raises(ValueError, match="HostShape.cores"):
+        HostShape(0, 2)

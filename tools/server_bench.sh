@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The server benchmark: all-reduce and real-model rows at N = 2, 4, 8 beside gloo / DDP-gloo, on
+# the CPUs only (the GPU, if any, is hidden), in one run of under 8 minutes on a 16-core machine.
+#
+#   bash tools/server_bench.sh                 # the full run; logs and results in /tmp/server-bench
+#   bash tools/server_bench.sh --quick         # a tiny run (N=2, small sizes): checks the script
+#   bash tools/server_bench.sh --print         # print the commands only
+#   bash tools/server_bench.sh --out DIR       # write the logs and result files to DIR
+#
+# Sections (each prints the machine: cores, CPU model, cores per rank):
+#   1. bench/allreduce.py: N = 2, 4, 8 at 4 KiB and 64 MiB, shared memory (shm) and the network
+#      path (tcp) beside gloo, medians of 3 rounds (fresh processes each), with CPU per byte.
+#   2. bench/strategy.py: apply_gradients over ResNet-50's and BERT-base's gradient shapes
+#      against DDP-gloo, both paths, N = 2, 4, 8.
+#   3. bench/torch_ddp.py: cluster.torch training of the 10M CNN against DDP, N = 2, 4, 8.
+# Needs torch for the gloo / DDP columns: `uv sync --inexact --extra torch`. Nothing goes over a
+# network: every rank runs on this machine, on loopback.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+quick=0
+print_only=0
+out="/tmp/server-bench"
+while (($#)); do
+    case "$1" in
+        --quick) quick=1 ;;
+        --print) print_only=1 ;;
+        --out) out="${2:?--out needs a directory}"; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "server_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+export CUDA_VISIBLE_DEVICES=   # the GPU stays unused: these are CPU figures
+export OMP_NUM_THREADS=1       # one thread per rank, as gloo's ranks run here
+export PYTHONUNBUFFERED=1
+
+if ((quick)); then
+    nprocs=2
+    allreduce=(--nprocs 2 --sizes 4K,1M --iters 5 --warmup 2 --rounds 1)
+    strategy=(--nprocs 2 --sizes= --models resnet50 --model-iters 1 --model-warmup 1)
+    torch_ddp=(--nprocs 2 --models 1M --repeats 1 --steps 2 --warmup 1)
+else
+    nprocs=2,4,8
+    allreduce=(--nprocs "$nprocs" --sizes 4K,64M --iters 10 --warmup 3 --rounds 3)
+    strategy=(--nprocs "$nprocs" --sizes= --models resnet50,bert-base --model-iters 3
+              --model-warmup 1)
+    torch_ddp=(--nprocs "$nprocs" --models 10M --repeats 3 --steps 5 --warmup 2)
+fi
+
+commands=(
+    "server-allreduce|bench/allreduce.py ${allreduce[*]} --paths shm,tcp --no-model"
+    "server-strategy|bench/strategy.py ${strategy[*]} --paths shm,network"
+    "server-torch_ddp|bench/torch_ddp.py ${torch_ddp[*]} --paths shm,network"
+)
+
+run() {  # NAME ARGS...: one bench, its log and result file under $out, its time
+    local name=$1
+    shift
+    local started=$SECONDS
+    echo "== $name: uv run python $* --json $out/$name.json"
+    if ((print_only)); then
+        return 0
+    fi
+    uv run --no-sync python "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.log"
+    echo "== $name took $((SECONDS - started)) s"
+}
+
+if ! ((print_only)); then
+    mkdir -p "$out"
+    echo "server bench: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
+         "N = $nprocs, commit $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
+status=0
+for entry in "${commands[@]}"; do
+    name=${entry%%|*}
+    read -r -a argv <<< "${entry#*|}"  # the arguments hold no spaces
+    run "$name" "${argv[@]}" || { echo "== $name failed" >&2; status=1; }
+done
+((print_only)) || echo "server bench done in $SECONDS s; logs and result files in $out"
+exit $status
