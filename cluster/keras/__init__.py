@@ -1,7 +1,7 @@
 """``cluster.keras``: Keras 3 ``model.fit`` under the runtime's strategies (torch backend).
 
-Import it before building the model (before ``keras`` itself, it selects the torch backend
-when ``KERAS_BACKEND`` is unset); then build and compile inside ``strategy.scope()`` and
+Set ``KERAS_BACKEND=torch`` before Keras is imported, and import ``cluster.keras`` before
+building the model; then build and compile inside ``strategy.scope()`` and
 call ``fit`` unchanged. In a task of a launched cluster (not a doctest: it needs the cluster)::
 
     import os
@@ -29,6 +29,9 @@ data-parallel through Keras' own customisation points on that model and its opti
   identically everywhere.
 - Metrics, ``History``, the progress bar and ``evaluate`` report the global batch's values, the
   same on every task.
+- :class:`BackupAndRestore` saves through ``cluster.checkpoint`` at epoch ends and on a
+  preemption notice (SIGTERM on any task), and the restarted ``fit`` resumes at the same step
+  (:mod:`cluster.keras.backup`).
 - Only the chief writes files (``ModelCheckpoint``, ``TensorBoard``, ``CSVLogger``,
   ``model.save``); the other tasks write into a private temporary folder, then remove it.
 
@@ -41,19 +44,20 @@ process, ``jit_compile=True``, Keras' own ``BackupAndRestore``.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from typing import Any
 
-if "keras" not in sys.modules:
-    # Keras reads its backend once, at import; unset, it would pick TensorFlow.
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-
-import keras  # noqa: E402
+try:
+    import keras
+except ImportError as e:  # no Keras, or Keras on its default backend (TensorFlow) without it
+    raise ImportError(
+        f"cluster.keras needs Keras 3 on the torch backend ({e}): install the keras extra "
+        "(uv sync --inexact --extra keras) and set KERAS_BACKEND=torch before importing keras"
+    ) from e
 
 from cluster.keras._model import Replication, distribute, replication_of  # noqa: E402
+from cluster.keras.backup import BackupAndRestore  # noqa: E402
 
-__all__ = ["Replication", "distribute", "install", "replication_of"]
+__all__ = ["BackupAndRestore", "Replication", "distribute", "install", "replication_of"]
 
 _MARK = "__cluster_keras_compile__"
 

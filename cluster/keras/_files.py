@@ -19,8 +19,8 @@ from typing import Any
 
 import keras
 
-__all__ = ["PRIVATE_PREFIX", "check_callbacks", "private_folder", "redirect_callbacks",
-           "private_path"]
+__all__ = ["PRIVATE_PREFIX", "check_callbacks", "is_private", "private_folder",
+           "private_path", "redirect_callbacks"]
 
 PRIVATE_PREFIX = "cluster-keras-"
 """The name prefix of a non-chief task's private temporary folder."""
@@ -53,6 +53,13 @@ def private_folder(task: str) -> Iterator[str]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_private(path: Any) -> bool:
+    """Whether ``path`` lies in a private folder (a redirected callback saving through
+    ``model.save``: it is already where it may write)."""
+    root = os.path.join(os.path.realpath(tempfile.gettempdir()), PRIVATE_PREFIX)
+    return os.path.realpath(os.fspath(path)).startswith(root)
 
 
 def private_path(folder: str, path: Any) -> str:

@@ -58,6 +58,7 @@ class Replication:
         task_id = getattr(resolver, "task_id", None)
         self.task = f"{task_type}:{task_id if task_id is not None else self.rank}"
         self.gradient_weight: float | None = None  # set for the duration of a train step
+        self.skip_steps = 0  # steps a resumed epoch had already run: passed over, not computed
         self.synced = False
         self._model = weakref.ref(model)
 
@@ -107,11 +108,12 @@ def _check_supported(model: Any, strategy: Any) -> Any:
             f"on {backend!r}. Set KERAS_BACKEND=torch before importing keras (the JAX backend "
             "is not supported by model.fit under a cluster strategy: for JAX, write the step "
             "with cluster.jax)")
+    import cluster
+
     extended = strategy.extended
     group = getattr(extended, "collective_group", None)
     name = type(strategy).__name__
-    if name == "ParameterServerStrategy" or (group is None and not hasattr(extended,
-                                                                            "num_local_replicas")):
+    if isinstance(strategy, cluster.ParameterServerStrategy):
         raise ValueError(
             "model.fit under ParameterServerStrategy is not supported by cluster.keras: use "
             "MultiWorkerMirroredStrategy (synchronous, one replica per task) for model.fit, or "
@@ -158,6 +160,9 @@ def distribute(model: Any, strategy: Any) -> Replication:
     metrics: list = []
 
     def distributed_train_step(data: Any) -> Any:
+        if replication.skip_steps > 0:  # done before the preemption: the data moves on only
+            replication.skip_steps -= 1
+            return model.get_metrics_result()
         local = replication.local_rows(data)
         metrics[:] = model.metrics_variables
         before = _sync.snapshot(metrics)
@@ -183,13 +188,12 @@ def distribute(model: Any, strategy: Any) -> Replication:
         callbacks = list(callbacks or [])
         _files.check_callbacks(callbacks)
         bound.arguments["callbacks"] = [_Synchronize(replication), *callbacks]
-        bound.arguments.pop("self", None)
-        args, kwargs = bound.args[1:], bound.kwargs
+        arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
         if replication.is_chief:
-            return fit(*args, **kwargs)
+            return fit(**arguments)
         with _files.private_folder(replication.task) as folder, \
                 _files.redirect_callbacks(callbacks, folder):
-            return fit(*args, **kwargs)
+            return fit(**arguments)
 
     def distributed_evaluate(*args: Any, **kwargs: Any) -> Any:
         if not replication.synced and model.built:
@@ -213,7 +217,8 @@ def _chief_writes(save: Any, replication: Replication) -> Any:
     """``save`` on the chief; elsewhere the same call into a private folder, then removed."""
 
     def chief_save(filepath: Any, *args: Any, **kwargs: Any) -> Any:
-        if replication.is_chief or not isinstance(filepath, (str, os.PathLike)):
+        if replication.is_chief or not isinstance(filepath, (str, os.PathLike)) \
+                or _files.is_private(filepath):
             return save(filepath, *args, **kwargs)
         with _files.private_folder(replication.task) as folder:
             return save(_files.private_path(folder, filepath), *args, **kwargs)

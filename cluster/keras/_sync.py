@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["broadcast_rng", "broadcast_variables", "sum_gradients", "sum_metric_updates"]
+__all__ = ["broadcast_rng", "broadcast_variables", "rng_state", "set_rng_state", "snapshot",
+           "sum_gradients", "sum_metric_updates"]
 
 
 def _tensor(variable: Any) -> torch.Tensor:
@@ -107,7 +108,7 @@ def broadcast_variables(group: Any, variables: Sequence[Any], root: int = 0) -> 
             offset += n
 
 
-def _rng_state() -> np.ndarray:
+def rng_state() -> np.ndarray:
     """torch's, NumPy's and Python's global random states as one uint8 array (fixed size)."""
     torch_state = torch.get_rng_state().numpy()
     _, keys, pos, has_gauss, cached = np.random.get_state()
@@ -118,7 +119,7 @@ def _rng_state() -> np.ndarray:
                            np.asarray(words, np.uint64).view(np.uint8), numbers.view(np.uint8)])
 
 
-def _set_rng_state(blob: np.ndarray) -> None:
+def set_rng_state(blob: np.ndarray) -> None:
     torch_size = torch.get_rng_state().numel()
     torch.set_rng_state(torch.from_numpy(blob[:torch_size].copy()))
     offset = torch_size
@@ -138,6 +139,6 @@ def broadcast_rng(group: Any, root: int = 0) -> None:
     ``random`` for a ``PyDataset``, a torch ``DataLoader``'s own sampler) are the same
     permutation on every task: the chief's, which is what one process with the same seed
     draws."""
-    received = np.asarray(group.broadcast(_rng_state(), root))
+    received = np.asarray(group.broadcast(rng_state(), root))
     if group.rank != root:
-        _set_rng_state(received.copy())
+        set_rng_state(received.copy())

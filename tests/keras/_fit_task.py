@@ -10,6 +10,10 @@ with to ``OUT/<variant>/<task>.npz`` (weights, history, evaluate) for the tests 
 (the same folder for every task) and calls ``model.save(DIR/model.keras)``; a callback after
 them records, at every epoch's end, where each task's checkpoint went and which files were
 there, into ``OUT/<variant>/<task>-files.json``.
+
+``--backup DIR``: ``cluster.keras.BackupAndRestore(DIR/<variant>)`` too. ``--preempt-at
+EPOCH:STEP``: on its first attempt, worker:1 sends itself SIGTERM (a preemption notice) when
+that step of that epoch (both from 0) begins.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
@@ -59,13 +64,16 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--strategy", default="multi_worker", choices=["multi_worker", "none"])
     parser.add_argument("--files")
+    parser.add_argument("--backup")
+    parser.add_argument("--preempt-at")
     args = parser.parse_args(argv)
     strategy = (cluster.MultiWorkerMirroredStrategy() if args.strategy == "multi_worker"
                 else cluster.get_strategy())
     for variant in args.variants:
         optimizer, data_kind, *shuffle = variant.split("-")
         train(strategy, os.path.join(args.out, variant), optimizer, data_kind, bool(shuffle),
-              args.epochs, args.files and os.path.join(args.files, variant))
+              args.epochs, args.files and os.path.join(args.files, variant),
+              args.backup and os.path.join(args.backup, variant), args.preempt_at)
     return 0
 
 
@@ -82,8 +90,25 @@ class Where(keras.callbacks.Callback):
                           "files": sorted(os.listdir(folder))})
 
 
+class Preempt(keras.callbacks.Callback):
+    """SIGTERM to this process when step ``step`` of epoch ``epoch`` begins."""
+
+    def __init__(self, epoch: int, step: int):
+        super().__init__()
+        self.at, self.epoch = (epoch, step), -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            print(f"preempting myself at epoch {self.epoch}, step {batch}", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def train(strategy, out: str, optimizer_name: str, data_kind: str, shuffle: bool,
-          epochs: int, files: str | None) -> None:
+          epochs: int, files: str | None, backup: str | None = None,
+          preempt_at: str | None = None) -> None:
     keras.utils.set_random_seed(1234)
     x, y = data(0, ROWS)
     x_val, y_val = data(1, 70)
@@ -119,6 +144,12 @@ def train(strategy, out: str, optimizer_name: str, data_kind: str, shuffle: bool
         where = Where(checkpoint)
         fit_args["callbacks"] = [checkpoint, keras.callbacks.CSVLogger(
             os.path.join(files, "log.csv")), where]
+    if backup:
+        callbacks = fit_args.setdefault("callbacks", [])
+        first_attempt = os.environ.get("CLUSTER_RESTART_COUNT", "0") == "0"
+        if preempt_at and task == "worker-1" and first_attempt:
+            callbacks.append(Preempt(*(int(n) for n in preempt_at.split(":"))))
+        callbacks.append(cluster.keras.BackupAndRestore(backup))
     history = model.fit(**fit_args)
     if files:
         model.save(os.path.join(files, "model.keras"))

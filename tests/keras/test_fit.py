@@ -10,27 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cluster.testing import processes_with
 from tests._requires import require
-from tests.conftest import REPO
-from tests.ctl._cli_run import env_with, run_cli
 
 require("torch")
 os.environ.setdefault("KERAS_BACKEND", "torch")  # keras picks its backend at import
 require("keras")
 
+from tests.keras._launch import launch_with_reference  # noqa: E402
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
-TASK = Path(__file__).with_name("_fit_task.py")
 TASKS = ("chief-0", "worker-0", "worker-1")
 # Compared with one process. A PyDataset's shuffle draws from Python's global `random`, which
 # the runtime's own threads also draw from: shuffled, it is identical on every task but not
@@ -39,7 +34,8 @@ EXACT = ("sgd-arrays", "adam-arrays-shuffle", "sgd-pydataset", "adam-dataloader-
 ALL = (*EXACT, "sgd-pydataset-shuffle")
 
 
-def _load(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+def load(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """A task's weights and logs (``history``, ``evaluate``) as ``_fit_task.py`` wrote them."""
     with np.load(path) as data:
         weights = {k: data[k] for k in data.files if k != "logs"}
         logs = json.loads(data["logs"].tobytes())
@@ -49,30 +45,14 @@ def _load(path: Path) -> tuple[dict[str, np.ndarray], dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("keras-fit")
-    marker = f"cluster-test-{uuid.uuid4().hex}"
-    env = env_with(marker, KERAS_BACKEND="torch")
-    plain = subprocess.Popen([sys.executable, str(TASK), str(out / "plain"), *ALL,
-                              "--strategy", "none"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        launch = run_cli(["launch", "-n", "3", "--run-dir", str(out / "run"), str(TASK), "--",
-                          str(out / "tasks"), *ALL, "--files", str(out / "files")],
-                         cwd=REPO, env=env, timeout=700)
-        plain_output, _ = plain.communicate(timeout=300)
-    finally:
-        plain.kill()
-        plain.wait()
-        leaked = processes_with(marker)
-    assert not leaked, f"processes left behind: {leaked}"
-    assert launch.returncode == 0, launch.stdout[-4000:] + launch.stderr[-4000:]
-    assert plain.returncode == 0, plain_output[-4000:]
+    launch_with_reference(out, list(ALL), ["--files", str(out / "files")])
     return out
 
 
 @pytest.mark.parametrize("variant", EXACT)
 def test_weights_equal_one_process(runs: Path, variant: str) -> None:
-    reference, _ = _load(runs / "plain" / variant / "alone-0.npz")
-    weights, _ = _load(runs / "tasks" / variant / "chief-0.npz")
+    reference, _ = load(runs / "plain" / variant / "alone-0.npz")
+    weights, _ = load(runs / "tasks" / variant / "chief-0.npz")
     assert reference.keys() == weights.keys()
     for name in reference:
         np.testing.assert_allclose(weights[name], reference[name], rtol=0, atol=1e-5,
@@ -81,26 +61,26 @@ def test_weights_equal_one_process(runs: Path, variant: str) -> None:
 
 @pytest.mark.parametrize("variant", ALL)
 def test_weights_bitwise_identical_on_every_task(runs: Path, variant: str) -> None:
-    chief, _ = _load(runs / "tasks" / variant / "chief-0.npz")
+    chief, _ = load(runs / "tasks" / variant / "chief-0.npz")
     for task in TASKS[1:]:
-        weights, _ = _load(runs / "tasks" / variant / f"{task}.npz")
+        weights, _ = load(runs / "tasks" / variant / f"{task}.npz")
         for name in chief:
             assert weights[name].tobytes() == chief[name].tobytes(), f"{variant} {task} {name}"
 
 
 @pytest.mark.parametrize("variant", ALL)
 def test_history_and_evaluate_identical_on_every_task(runs: Path, variant: str) -> None:
-    _, chief = _load(runs / "tasks" / variant / "chief-0.npz")
+    _, chief = load(runs / "tasks" / variant / "chief-0.npz")
     assert set(chief["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     for task in TASKS[1:]:
-        _, logs = _load(runs / "tasks" / variant / f"{task}.npz")
+        _, logs = load(runs / "tasks" / variant / f"{task}.npz")
         assert logs == chief, f"{variant}: {task} reports other numbers than the chief"
 
 
 @pytest.mark.parametrize("variant", EXACT)
 def test_history_and_evaluate_equal_one_process(runs: Path, variant: str) -> None:
-    _, reference = _load(runs / "plain" / variant / "alone-0.npz")
-    _, chief = _load(runs / "tasks" / variant / "chief-0.npz")
+    _, reference = load(runs / "plain" / variant / "alone-0.npz")
+    _, chief = load(runs / "tasks" / variant / "chief-0.npz")
     for key, values in reference["history"].items():
         np.testing.assert_allclose(chief["history"][key], values, rtol=0, atol=1e-4,
                                    err_msg=f"{variant}: history[{key!r}]")

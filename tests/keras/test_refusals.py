@@ -86,3 +86,18 @@ def test_the_jax_backend_is_refused() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "refused: cluster.keras trains Keras models on the torch backend" in done.stdout
     assert "KERAS_BACKEND=torch" in done.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_parameter_server_strategy_is_refused(marker: str) -> None:
+    from tests.ctl._cli_run import env_with, run_cli
+
+    env = env_with(marker, KERAS_BACKEND="torch", CLUSTER_HEARTBEAT_TIMEOUT="15")
+    env.pop("TF_CONFIG", None)
+    done = run_cli(["launch", "-n", "2", "--ps", "1", str(REPO / "tests" / "keras" /
+                                                          "_ps_task.py")],
+                   cwd=REPO, env=env, timeout=360)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "refused: model.fit under ParameterServerStrategy is not supported" in done.stdout
+    assert "use MultiWorkerMirroredStrategy" in done.stdout
