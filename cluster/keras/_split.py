@@ -14,13 +14,9 @@ __all__ = ["batch_rows", "share", "take_rows"]
 
 
 def share(rows: int, rank: int, world: int) -> tuple[int, int]:
-    """``(start, stop)`` of task ``rank``'s rows in a batch of ``rows`` rows.
-
-    >>> [share(10, r, 3) for r in range(3)]
-    [(0, 3), (3, 6), (6, 10)]
-    >>> [share(2, r, 3) for r in range(3)]
-    [(0, 0), (0, 1), (1, 2)]
-    """
+    """``(start, stop)`` of task ``rank``'s rows in a batch of ``rows`` rows: 10 rows on 3
+    tasks are ``(0, 3), (3, 6), (6, 10)``; 2 rows are ``(0, 0), (0, 1), (1, 2)`` (tested in
+    ``tests/keras/test_split.py``, which needs Keras)."""
     if not 0 <= rank < world:
         raise ValueError(f"share: rank {rank} is outside a world of {world} tasks")
     return rank * rows // world, (rank + 1) * rows // world

@@ -29,6 +29,11 @@ def test_shares_cover_every_row_once_and_differ_by_at_most_one(rows: int, world:
     assert max(sizes) - min(sizes) <= 1
 
 
+def test_the_documented_shares() -> None:
+    assert [_split.share(10, r, 3) for r in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert [_split.share(2, r, 3) for r in range(3)] == [(0, 0), (0, 1), (1, 2)]
+
+
 def test_a_rank_outside_the_world_is_an_error() -> None:
     with pytest.raises(ValueError, match="rank 3 is outside a world of 3 tasks"):
         _split.share(10, 3, 3)
