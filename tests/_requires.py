@@ -18,7 +18,7 @@ import pytest
 __all__ = ["cupy_missing", "install_command", "require", "require_cupy", "skip_without_cupy"]
 
 # The extra that installs each optional module (ml_dtypes comes with both; torch's names it).
-_EXTRA = {"torch": "torch", "ml_dtypes": "torch", "jax": "jax"}
+_EXTRA = {"torch": "torch", "ml_dtypes": "torch", "jax": "jax", "keras": "keras"}
 
 CUPY_INSTALL = ("uv sync --inexact --extra gpu (CUDA 12 and 13 drivers; --extra gpu-cuda13 "
                 "for CUDA 13 builds)")
@@ -30,7 +30,7 @@ def install_command(extra: str) -> str:
 
 
 def require(module: str) -> ModuleType:
-    """Import ``module`` (torch, ml_dtypes, jax, or one of their submodules such as jax.numpy),
+    """Import ``module`` (torch, ml_dtypes, jax, keras, or a submodule such as jax.numpy),
     or skip the test (at module level: the file) with ``<package> is not installed: <command>``.
 
     ``KeyError`` for a package that is not one of the optional ones above."""
