@@ -13,6 +13,14 @@ order by one thread, and the cross-process collectives give every rank the same 
   fused into ``bytes_per_pack`` packs), give the result to every local replica.
 
 Inject one with ``MirroredStrategy(cross_device_ops=...)``, as in TensorFlow.
+
+Besides reducing, every ops applies an elementwise update with the reduced gradients
+(:meth:`CrossDeviceOps.reduce_and_update`, what ``optimizer.apply_gradients`` of plain SGD runs):
+one plan, SUM then ``update(target, summed)`` on every replica's copy, with two fused routes,
+host memory (the update runs where each segment's reduction completes,
+:meth:`CollectiveGroup.all_reduce_apply`) and the GPU (the reduction on the device, then sum,
+scale and add in one CuPy kernel, :func:`~cluster.collectives.kernels.sum_add_scaled_on_gpu`),
+and the unfused one (reduce, then the update) for anything else.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from cluster._family import is_cupy, on_device_of, to_array, to_host, xp_of
-from cluster.collectives import nccl
+from cluster.collectives import kernels, nccl
+from cluster.collectives.epilogue import Update, apply_reduced
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.collectives.options import CommunicationOptions
@@ -108,6 +117,31 @@ class CrossDeviceOps(ABC):
         repeats).
         """
 
+    def reduce_and_update(
+        self, values: Sequence[Components], targets: Sequence[Components], update: Update,
+        num_replicas_in_sync: int, options: CommunicationOptions | None = None,
+    ) -> bool:
+        """For each value (its local components, gradients), its SUM over every replica applied
+        by the elementwise ``update(target, summed)`` to each of its ``targets`` (one per local
+        replica, in the same order: the variable's components, written in place).
+
+        Contract (:mod:`cluster.collectives.epilogue`): ``update`` is elementwise; every
+        replica's target holds the same bytes on entry and ends with the bytes of the unfused
+        update (reduce, then ``update``); values are never written; each target matches its
+        components' shape and dtype and shares no memory with them (the strategy checks).
+
+        Returns whether the update was fused with the reduction. This default is the unfused
+        route, for any ops: :meth:`batch_reduce_components`, then the update per target
+        (:func:`~cluster.collectives.epilogue.apply_reduced`: on a GPU, SGD's update as one
+        CuPy kernel); it returns ``False``. Ops with a fused route override it and return
+        ``True`` where they took it.
+        """
+        reduced = self.batch_reduce_components(ReduceOp.SUM, values, num_replicas_in_sync,
+                                               options)
+        for per_replica, value_targets in zip(reduced, targets, strict=True):
+            _apply_each(update, value_targets, per_replica)
+        return False
+
     def gather_components(self, components: Components, axis: int,
                           options: CommunicationOptions | None = None) -> Any:
         """Every replica's component concatenated along ``axis``, in replica order."""
@@ -134,6 +168,26 @@ class CrossDeviceOps(ABC):
         return [Mirrored(r) for r in reduced]
 
 
+def _apply_each(update: Update, targets: Components, per_replica: Sequence[Any]) -> None:
+    """``update`` of each target with its replica's result; a result that serves several
+    replicas is the update's scratch only at its last use."""
+    uses: dict[int, int] = {}
+    for r in per_replica:
+        uses[id(r)] = uses.get(id(r), 0) + 1
+    for target, r in zip(targets, per_replica, strict=True):
+        uses[id(r)] -= 1
+        apply_reduced(update, target, r, scratch=uses[id(r)] == 0)
+
+
+def _gpu_sums(update: Update, values: Sequence[Components], targets: Sequence[Components]
+              ) -> bool:
+    """Whether every value's local components can be summed into each of its targets by the
+    one GPU kernel (all on the target's GPU, SGD's update)."""
+    return all(kernels.gpu_fusable(update, components, t)
+               for components, value_targets in zip(values, targets, strict=True)
+               for t in value_targets)
+
+
 def _components(value: Any) -> list[Any]:
     values = list(value.values) if isinstance(value, DistributedValues) else [value]
     return [to_array(v)[0] for v in values]
@@ -151,6 +205,18 @@ class ReductionToOneDevice(CrossDeviceOps):
             total = finish_mean(op, _local_combine(op, components), num_replicas_in_sync)
             out.append(_per_replica(total, components))
         return out
+
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Fused where every value's components live on its targets' GPU: one kernel per
+        target sums them in replica order, scales and adds (no summed array is made); else
+        the unfused route."""
+        if not values or not _gpu_sums(update, values, targets):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        for components, value_targets in zip(values, targets, strict=True):
+            for target in value_targets:
+                kernels.sum_add_scaled_on_gpu(update, components, target)
+        return True
 
 
 class NcclAllReduce(CrossDeviceOps):
@@ -201,6 +267,14 @@ class NcclAllReduce(CrossDeviceOps):
             out.append(results)
         return out
 
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Where no value spans several GPUs, the host reduction's (fused on one GPU); else
+        NCCL, then the update per GPU (one kernel each for SGD)."""
+        if all(self._nccl_devices(c) is None for c in values):
+            return self._fallback.reduce_and_update(values, targets, update,
+                                                    num_replicas_in_sync, options)
+        return super().reduce_and_update(values, targets, update, num_replicas_in_sync, options)
+
 
 class CollectiveAllReduce(CrossDeviceOps):
     """Hierarchical all-reduce across worker processes (MultiWorkerMirroredStrategy's ops).
@@ -245,12 +319,29 @@ class CollectiveAllReduce(CrossDeviceOps):
             out.append(_per_replica(total, components))
         return out
 
-    def reduce_and_update(self, grads: Sequence[np.ndarray], targets: Sequence[np.ndarray],
-                          update: Any, options: CommunicationOptions | None = None) -> None:
-        """SUM of each gradient (one local replica's) over the group, applied by the elementwise
-        ``update(target, summed)`` to its target where each reduction completes:
-        :meth:`CollectiveGroup.all_reduce_apply`."""
-        self._group.all_reduce_apply(grads, targets, update, ReduceOp.SUM, options=options)
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Fused where each value has one local replica: host values (and targets) by
+        :meth:`CollectiveGroup.all_reduce_apply`, the update running where each segment's
+        reduction completes; CuPy values on their targets' GPU by the device all-reduce, then
+        the one kernel (scale and add) on each GPU. Anything else: the unfused route."""
+        if not values or any(len(c) != 1 for c in values):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        grads = [c[0] for c in values]
+        flat = [t[0] for t in targets]
+        if all(isinstance(g, np.ndarray) and isinstance(t, np.ndarray)
+               for g, t in zip(grads, flat, strict=True)):
+            self._group.all_reduce_apply(grads, flat, update, ReduceOp.SUM, options=options)
+            return True
+        if not _gpu_sums(update, values, targets):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        totals = self._group.all_reduce_many(grads, ReduceOp.SUM, options=options) \
+            if self._group.world_size > 1 else grads
+        for total, target in zip(totals, flat, strict=True):
+            if not kernels.sum_add_scaled_on_gpu(update, [total], target):
+                apply_reduced(update, target, total, scratch=total is not target)
+        return True
 
     def _local_total(self, op: ReduceOp, components: Components,
                      options: CommunicationOptions | None) -> Any:

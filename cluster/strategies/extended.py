@@ -280,30 +280,28 @@ class StrategyExtended(WorkerInfo):
     def reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
                           options: CommunicationOptions | None = None) -> bool:
         """SUM each gradient of ``pairs`` over every replica and apply the elementwise
-        ``update(value, summed)`` to its variable, in one collective that fuses the update into
-        the reduction (:mod:`cluster.collectives.epilogue`). Returns False, having done
-        nothing, where that does not apply: ops without a fused path, several local replicas,
-        or any gradient or variable that is not a host array of the variable's dtype and shape.
+        ``update(value, summed)`` to every local copy of its variable:
+        :meth:`CrossDeviceOps.reduce_and_update`, fused into the reduction where the ops can
+        (:mod:`cluster.collectives.epilogue`). Returns False, having done nothing, where the
+        update cannot be applied elementwise as given: a variable without one component per
+        local replica, or a gradient not of its variable's shape and dtype (or sharing its
+        memory); the caller then reduces and updates itself.
         """
-        reduce_apply = getattr(self._cross_device_ops, "reduce_and_update", None)
-        if reduce_apply is None or self._local_count != 1:
-            return False
-        grads, targets = [], []
+        values, targets = [], []
         for grad, variable in pairs:
-            (g,) = self.local_components(grad, "SUM")
             components = variable.values if isinstance(variable, DistributedVariable) \
                 else (variable,)
-            if len(components) != 1:
+            if len(components) != self._local_count:
                 return False
-            target = components[0]._read()
-            if not (isinstance(g, np.ndarray) and isinstance(target, np.ndarray)
-                    and g.dtype == target.dtype and g.shape == target.shape
-                    and target.flags.c_contiguous and target.flags.writeable
-                    and not np.may_share_memory(g, target)):
+            grads = self.local_components(grad, "SUM")
+            copies = [c._read() for c in components]
+            if not all(_updatable(g, t) for g, t in zip(grads, copies, strict=True)):
                 return False
-            grads.append(g)
-            targets.append(target)
-        reduce_apply(grads, targets, update, call_options(options, self._options))
+            values.append(grads)
+            targets.append(copies)
+        self._cross_device_ops.reduce_and_update(values, targets, update,
+                                                 self._num_replicas_in_sync,
+                                                 call_options(options, self._options))
         return True
 
     def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
@@ -389,6 +387,19 @@ class StrategyExtended(WorkerInfo):
         if options["synchronization"] is VariableSynchronization.ON_READ:
             return SyncOnReadVariable(self._container, components, **options)
         return MirroredVariable(self._container, components, **options)
+
+
+def _updatable(grad: Any, target: Any) -> bool:
+    """Whether ``target`` (a variable's copy) can take an elementwise update from ``grad``:
+    same shape and dtype, C-contiguous and writeable, no shared memory."""
+    if tuple(grad.shape) != tuple(target.shape) or grad.dtype != target.dtype \
+            or not target.flags.c_contiguous:
+        return False
+    if isinstance(target, np.ndarray):
+        return bool(target.flags.writeable) and not (
+            isinstance(grad, np.ndarray) and np.may_share_memory(grad, target))
+    return is_cupy(target) and grad is not target and not (
+        is_cupy(grad) and grad.data.ptr == target.data.ptr)
 
 
 def _create_in_merge(strategy: Any, initial_value, trainable, name, dtype, synchronization,

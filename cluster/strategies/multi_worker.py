@@ -18,8 +18,13 @@ from cluster import runtime, settings
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
 from cluster.cross_device_ops import CollectiveAllReduce, NcclAllReduce
-from cluster.strategies._devices import choose_task_device, gpu_count, local_rank_of, log_choice
-from cluster.strategies._devices import parse_devices
+from cluster.strategies._devices import (
+    choose_task_device,
+    gpu_count,
+    local_rank_of,
+    log_choice,
+    parse_devices,
+)
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.transport.api import Transport
 from cluster.transport.inproc import InProcessHub
