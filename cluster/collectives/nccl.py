@@ -27,6 +27,7 @@ CuPy is imported lazily: importing this module never needs it.
 from __future__ import annotations
 
 import contextlib
+import re
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -108,13 +109,18 @@ def _import() -> tuple[Any, Any]:
     return cupy, nccl
 
 
-def id_to_bytes(uid: Sequence[int]) -> bytes:
-    """NCCL's unique id (CuPy gives a tuple of 128 C ``char`` values) as exactly 128 bytes.
+def id_to_bytes(uid: bytes | Sequence[int]) -> bytes:
+    """NCCL's unique id, as ``nccl.get_unique_id()`` gives it, as exactly 128 bytes.
 
-    Each value is stored as its two's-complement byte, so signed (-128..127, x86-64) and unsigned
-    (0..255, aarch64) ``char`` give the same bytes. Raises ``ValueError`` for a wrong length or a
-    value outside -128..255.
+    CuPy 14 gives the 128 bytes themselves (returned unchanged); CuPy 13 a tuple of 128 C
+    ``char`` values, each stored as its two's-complement byte, so signed (-128..127, x86-64)
+    and unsigned (0..255, aarch64) ``char`` give the same bytes. Raises ``ValueError`` for a
+    wrong length or a value outside -128..255.
     """
+    if isinstance(uid, bytes | bytearray):
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
+        return bytes(uid)
     values = tuple(uid)
     if len(values) != UNIQUE_ID_BYTES:
         raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} values, got {len(values)}")
@@ -124,7 +130,8 @@ def id_to_bytes(uid: Sequence[int]) -> bytes:
 
 
 def id_from_bytes(data: bytes, *, signed: bool = True) -> tuple[int, ...]:
-    """The inverse of :func:`id_to_bytes`: 128 bytes as the tuple ``NcclCommunicator`` takes.
+    """The inverse of :func:`id_to_bytes`: 128 bytes as the tuple CuPy 13's
+    ``NcclCommunicator`` takes (CuPy 14 takes the bytes themselves).
 
     ``signed=True`` gives -128..127 (C ``char`` on x86-64), ``signed=False`` 0..255 (aarch64,
     ppc64le). Raises ``TypeError`` for a non-bytes value, ``ValueError`` for a wrong length.
@@ -138,6 +145,13 @@ def id_from_bytes(data: bytes, *, signed: bool = True) -> tuple[int, ...]:
             "from unique_id() unchanged"
         )
     return struct.unpack(f"{UNIQUE_ID_BYTES}{'b' if signed else 'B'}", data)
+
+
+def _ids_are_bytes(cupy: Any) -> bool:
+    """Whether this CuPy's ``NcclCommunicator`` takes the id as ``bytes`` (CuPy 14 and later;
+    ``get_unique_id`` returns bytes there too) rather than a tuple of C chars (CuPy 13)."""
+    major = re.match(r"\d+", str(getattr(cupy, "__version__", "")))
+    return major is not None and int(major.group()) >= 14
 
 
 def unique_id() -> bytes:
@@ -209,17 +223,20 @@ class NcclComm:
             raise ValueError(f"rank {rank} is not a rank of a communicator of size {size} "
                              f"(0..{size - 1})")
         size, rank, device = int(size), int(rank), int(device)
-        signed = id_from_bytes(uid)
+        signed = id_from_bytes(uid)  # checks the id whatever form CuPy takes it in
         timeout = _check_timeout(timeout_seconds)
         cupy, nccl = _import()
         with cupy.cuda.Device(device):  # NCCL binds the communicator to the current GPU
-            try:
-                comm = nccl.NcclCommunicator(size, signed, rank)
-            except OverflowError:
-                # CuPy converts each value to a C char, whose signedness is the platform's: the
-                # negative values overflow where char is unsigned (aarch64, ppc64le). CuPy
-                # raises this before calling NCCL, so retrying is safe.
-                comm = nccl.NcclCommunicator(size, id_from_bytes(uid, signed=False), rank)
+            if _ids_are_bytes(cupy):
+                comm = nccl.NcclCommunicator(size, bytes(uid), rank)
+            else:
+                try:
+                    comm = nccl.NcclCommunicator(size, signed, rank)
+                except OverflowError:
+                    # CuPy 13 converts each value to a C char, whose signedness is the
+                    # platform's: the negative values overflow where char is unsigned (aarch64,
+                    # ppc64le). CuPy raises this before calling NCCL, so retrying is safe.
+                    comm = nccl.NcclCommunicator(size, id_from_bytes(uid, signed=False), rank)
         self._attach(cupy, nccl, comm, size, rank, device, timeout)
 
     @classmethod

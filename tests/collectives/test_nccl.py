@@ -284,9 +284,11 @@ def test_one_gpu_is_a_one_rank_communicator(fake: FakeCuda) -> None:
 # -- one process per GPU (fake; threads stand in for processes) ------------------------------
 
 
-@pytest.mark.parametrize("char_signed", [True, False])
-def test_ranks_joined_by_unique_id(monkeypatch: pytest.MonkeyPatch, char_signed: bool) -> None:
-    fake = FakeCuda(char_signed=char_signed).install(monkeypatch)
+@pytest.mark.parametrize(("version", "char_signed"),
+                         [("13.6.0", True), ("13.6.0", False), ("14.2.0", True)])
+def test_ranks_joined_by_unique_id(monkeypatch: pytest.MonkeyPatch, version: str,
+                                   char_signed: bool) -> None:
+    fake = FakeCuda(version=version, char_signed=char_signed).install(monkeypatch)
     uid = bytes(range(0, 256, 2))  # bytes above 127: a signed/unsigned char matters
 
     def rank(r: int) -> tuple:
