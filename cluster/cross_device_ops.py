@@ -329,8 +329,7 @@ class CollectiveAllReduce(CrossDeviceOps):
                                              options)
         grads = [c[0] for c in values]
         flat = [t[0] for t in targets]
-        if all(isinstance(g, np.ndarray) and isinstance(t, np.ndarray)
-               for g, t in zip(grads, flat, strict=True)):
+        if not any(is_cupy(a) for a in (*grads, *flat)):
             self._group.all_reduce_apply(grads, flat, update, ReduceOp.SUM, options=options)
             return True
         if not _gpu_sums(update, values, targets):

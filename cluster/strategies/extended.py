@@ -395,11 +395,10 @@ def _updatable(grad: Any, target: Any) -> bool:
     if tuple(grad.shape) != tuple(target.shape) or grad.dtype != target.dtype \
             or not target.flags.c_contiguous:
         return False
-    if isinstance(target, np.ndarray):
-        return bool(target.flags.writeable) and not (
-            isinstance(grad, np.ndarray) and np.may_share_memory(grad, target))
-    return is_cupy(target) and grad is not target and not (
-        is_cupy(grad) and grad.data.ptr == target.data.ptr)
+    if is_cupy(target):
+        return grad is not target and not (is_cupy(grad) and grad.data.ptr == target.data.ptr)
+    return isinstance(target, np.ndarray) and bool(target.flags.writeable) and not (
+        isinstance(grad, np.ndarray) and not is_cupy(grad) and np.may_share_memory(grad, target))
 
 
 def _create_in_merge(strategy: Any, initial_value, trainable, name, dtype, synchronization,
