@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cluster._family import is_cupy, on_device_of, to_array, to_host, xp_of
+from cluster._family import Family, family_of, is_cupy, on_device_of, to_array, to_host
 from cluster.collectives import kernels, nccl
 from cluster.collectives.epilogue import Update, apply_reduced
 from cluster.collectives.group import CollectiveGroup
@@ -42,18 +42,54 @@ from cluster.values import DistributedValues, Mirrored
 
 __all__ = [
     "CollectiveAllReduce",
+    "Components",
     "CrossDeviceOps",
     "NcclAllReduce",
     "ReductionToOneDevice",
+    "components_of",
 ]
 
-Components = Sequence[Any]
+
+class Components(tuple):
+    """One value's local components (arrays, one per local replica, in replica order) and its
+    :class:`~cluster._family.Family`, decided once where the value entered the strategy, from
+    the first replica's component (the family results go back in).
+
+    A tuple, so ops written for plain sequences of components take it as is; ops that receive a
+    plain sequence (code calling them directly) decide the family once themselves
+    (:func:`family_of_components`).
+    """
+
+    family: Family
+
+    def __new__(cls, arrays: Iterable[Any], family: Family) -> Components:
+        self = super().__new__(cls, arrays)
+        self.family = family
+        return self
 
 
-def _local_combine(op: ReduceOp, components: Components) -> Any:
+def components_of(values: Sequence[Any], what: str = "") -> Components:
+    """``values`` (one per local replica) as arrays, with the family of the first decided once.
+    ``TypeError`` naming ``what`` for a value of no supported family."""
+    first, family = family_of(values[0], what)
+    return Components([first, *(to_array(v, what)[0] for v in values[1:])], family)
+
+
+def family_of_components(components: Sequence[Any]) -> Family:
+    """The family ``components`` carry (:class:`Components`), or the first one's, decided here
+    for a plain sequence."""
+    if isinstance(components, Components):
+        return components.family
+    return family_of(components[0])[1]
+
+
+ComponentsLike = Sequence[Any]
+
+
+def _local_combine(op: ReduceOp, components: ComponentsLike) -> Any:
     """``op`` over ``components`` in replica order, as a fresh array (MEAN: their sum)."""
     first = components[0]
-    xp = xp_of(first)
+    xp = family_of_components(components).xp
     acc = xp.array(first, copy=True)
     for other in components[1:]:
         other = xp.asarray(other) if xp is np else _same_device(acc, other)
@@ -89,7 +125,7 @@ def finish_mean(op: ReduceOp, total: Any, count: int | float) -> Any:
     return total
 
 
-def _per_replica(total: Any, components: Components) -> list[Any]:
+def _per_replica(total: Any, components: ComponentsLike) -> list[Any]:
     """``total`` for every local replica: the array itself where a replica's component lives on
     its device (the same object may serve several; a strategy copies for the repeats), else one
     copy onto that component's GPU (or host)."""
@@ -106,7 +142,7 @@ class CrossDeviceOps(ABC):
 
     @abstractmethod
     def batch_reduce_components(
-        self, op: ReduceOp, values: Sequence[Components], num_replicas_in_sync: int,
+        self, op: ReduceOp, values: Sequence[ComponentsLike], num_replicas_in_sync: int,
         options: CommunicationOptions | None = None,
     ) -> list[list[Any]]:
         """For each value (its local components), the ``op`` over all replicas, per local replica.
@@ -118,7 +154,7 @@ class CrossDeviceOps(ABC):
         """
 
     def reduce_and_update(
-        self, values: Sequence[Components], targets: Sequence[Components], update: Update,
+        self, values: Sequence[ComponentsLike], targets: Sequence[ComponentsLike], update: Update,
         num_replicas_in_sync: int, options: CommunicationOptions | None = None,
     ) -> bool:
         """For each value (its local components, gradients), its SUM over every replica applied
@@ -142,10 +178,10 @@ class CrossDeviceOps(ABC):
             _apply_each(update, value_targets, per_replica)
         return False
 
-    def gather_components(self, components: Components, axis: int,
+    def gather_components(self, components: ComponentsLike, axis: int,
                           options: CommunicationOptions | None = None) -> Any:
         """Every replica's component concatenated along ``axis``, in replica order."""
-        xp = xp_of(components[0])
+        xp = family_of_components(components).xp
         return xp.concatenate([xp.asarray(c) for c in components], axis=axis)
 
     def broadcast_from_first(self, value: Any, options: CommunicationOptions | None = None) -> Any:
@@ -168,7 +204,7 @@ class CrossDeviceOps(ABC):
         return [Mirrored(r) for r in reduced]
 
 
-def _apply_each(update: Update, targets: Components, per_replica: Sequence[Any]) -> None:
+def _apply_each(update: Update, targets: ComponentsLike, per_replica: Sequence[Any]) -> None:
     """``update`` of each target with its replica's result; a result that serves several
     replicas is the update's scratch only at its last use."""
     uses: dict[int, int] = {}
@@ -179,7 +215,7 @@ def _apply_each(update: Update, targets: Components, per_replica: Sequence[Any])
         apply_reduced(update, target, r, scratch=uses[id(r)] == 0)
 
 
-def _gpu_sums(update: Update, values: Sequence[Components], targets: Sequence[Components]
+def _gpu_sums(update: Update, values: Sequence[ComponentsLike], targets: Sequence[ComponentsLike]
               ) -> bool:
     """Whether every value's local components can be summed into each of its targets by the
     one GPU kernel (all on the target's GPU, SGD's update)."""
@@ -188,9 +224,9 @@ def _gpu_sums(update: Update, values: Sequence[Components], targets: Sequence[Co
                for t in value_targets)
 
 
-def _components(value: Any) -> list[Any]:
+def _components(value: Any) -> Components:
     values = list(value.values) if isinstance(value, DistributedValues) else [value]
-    return [to_array(v)[0] for v in values]
+    return components_of(values, "cross_device_ops.reduce")
 
 
 class ReductionToOneDevice(CrossDeviceOps):
@@ -234,8 +270,11 @@ class NcclAllReduce(CrossDeviceOps):
         self._comms: dict[tuple[int, ...], list[nccl.NcclComm]] = {}
         self._fallback = ReductionToOneDevice()
 
-    def _nccl_devices(self, components: Components) -> tuple[int, ...] | None:
-        if len(components) < 2 or not all(is_cupy(c) for c in components):
+    def _nccl_devices(self, components: ComponentsLike) -> tuple[int, ...] | None:
+        # The family says GPU; every replica's component must be on one (CPU and GPU replicas
+        # may be mixed) and on a GPU of its own.
+        if len(components) < 2 or not family_of_components(components).on_gpu \
+                or not all(is_cupy(c) for c in components):
             return None
         devices = tuple(c.device.id for c in components)
         if len(set(devices)) != len(devices) or not nccl.available():
@@ -329,7 +368,8 @@ class CollectiveAllReduce(CrossDeviceOps):
                                              options)
         grads = [c[0] for c in values]
         flat = [t[0] for t in targets]
-        if not any(is_cupy(a) for a in (*grads, *flat)):
+        if not any(family_of_components(c).on_gpu for c in values) \
+                and not any(is_cupy(t) for t in flat):
             self._group.all_reduce_apply(grads, flat, update, ReduceOp.SUM, options=options)
             return True
         if not _gpu_sums(update, values, targets):
@@ -342,7 +382,7 @@ class CollectiveAllReduce(CrossDeviceOps):
                 apply_reduced(update, target, total, scratch=total is not target)
         return True
 
-    def _local_total(self, op: ReduceOp, components: Components,
+    def _local_total(self, op: ReduceOp, components: ComponentsLike,
                      options: CommunicationOptions | None) -> Any:
         """``op`` over one value's local components, fresh (one replica: a copy)."""
         return self._local.batch_reduce_components(op, [components], len(components),

@@ -16,17 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import is_cupy, restore_for, to_array
+from cluster._family import family_of, is_cupy
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
-from cluster.cross_device_ops import CrossDeviceOps
+from cluster.cross_device_ops import Components, CrossDeviceOps, components_of
 from cluster.strategies._accessors import WorkerInfo, shared_tensor_error
 from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
 from cluster.strategies._leaves import (
     call_options,
     check_gather_rank,
-    first_component,
     is_plain,
     is_shared_tensor,
 )
@@ -142,8 +141,10 @@ class StrategyExtended(WorkerInfo):
 
     # -- components ------------------------------------------------------------------------------
 
-    def local_components(self, value: Any, what: str) -> list[Any]:
-        """The local components of a leaf as arrays; a plain value serves a single replica."""
+    def local_components(self, value: Any, what: str) -> Components:
+        """The local components of a leaf as arrays, with its family decided once (the edge
+        of every reduction: carried down to the ops and used for the way back); a plain value
+        serves a single replica."""
         if isinstance(value, DistributedValues):
             if len(value.values) != self._local_count:
                 check_component_counts(value, self._local_count, what)
@@ -160,7 +161,7 @@ class StrategyExtended(WorkerInfo):
                     "that strategy.run returned"
                 )
             values = [value]
-        return [to_array(v)[0] for v in values]
+        return components_of(values)
 
     def reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
         """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
@@ -195,8 +196,8 @@ class StrategyExtended(WorkerInfo):
         reduced = self._cross_device_ops.batch_reduce_components(
             op, comps, self._num_replicas_in_sync, call_options(options, self._options))
         out = []
-        for leaf, per_replica in zip(leaves, reduced, strict=True):
-            restore = restore_for(first_component(leaf))
+        for components, per_replica in zip(comps, reduced, strict=True):
+            restore = components.family.restore
             results = [restore(r) for r in self._hand_out(per_replica)]
             out.append(Mirrored(results) if len(results) > 1 else results[0])
         return _nest.pack_sequence_as(value, out)
@@ -230,17 +231,18 @@ class StrategyExtended(WorkerInfo):
             check_gather_rank(comps, axis)
             gathered = self._cross_device_ops.gather_components(
                 comps, axis, call_options(options, self._options))
-            restore = restore_for(first_component(leaf))
+            restore = comps.family.restore
             copies = [restore(self.place(i, gathered)) for i in range(self._local_count)]
             out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
         return _nest.pack_sequence_as(value, out)
 
-    def local_components_any(self, value: Any, what: str) -> list[Any]:
-        """Components of a leaf; a plain value counts as the same value on every replica."""
+    def local_components_any(self, value: Any, what: str) -> Components:
+        """Components of a leaf (its family decided once, as :meth:`local_components`); a plain
+        value counts as the same value on every replica."""
         if isinstance(value, DistributedValues):
             return self.local_components(value, what)
-        array = to_array(value._read() if isinstance(value, Variable) else value)[0]
-        return [array] * self._local_count
+        array, family = family_of(value._read() if isinstance(value, Variable) else value)
+        return Components([array] * self._local_count, family)
 
     # -- TensorFlow's public extended API -------------------------------------------------------
 
