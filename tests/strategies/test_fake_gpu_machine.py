@@ -16,19 +16,24 @@ from tests._fakegpu import run_on_fake_gpu
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
+FAKE_GPU = REPO / "tests" / "_fakegpu"
+DEVICE_LOG = Path(__file__).resolve().parent / "_device_log"  # shows each task's device choice
 CLUSTERCTL = ("-c", "import sys; from cluster.ctl.cli import main; sys.exit(main())")
 
 
 def test_the_readme_quickstart_passes_on_a_gpu_machine_and_computes_in_numpy(tmp_path) -> None:
     """``clusterctl launch examples/quickstart/cluster.yaml`` as the README runs it (one epoch
-    here, and the final parameters saved): exit 0, NumPy parameters."""
+    here, and the final parameters saved): exit 0, every task on the CPU though CuPy sees a
+    GPU, NumPy parameters."""
     params = tmp_path / "params.npz"
     done = run_on_fake_gpu(*CLUSTERCTL, "launch", "examples/quickstart/cluster.yaml",
                            "--run-dir", str(tmp_path / "run"), "--color", "never", "--",
                            "--epochs", "1", "--save", str(params), gpus=1, cwd=REPO,
-                           timeout=240)
+                           env={"PYTHONPATH": f"{FAKE_GPU}:{DEVICE_LOG}"}, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "test accuracy" in done.stdout
+    assert done.stdout.count("takes /cpu:0: CLUSTER_DEVICES=cpu (the default) though CuPy "
+                             "sees 1 GPU(s)") == 3, done.stdout[-3000:]
     with np.load(params) as saved:
         assert float(saved["test_accuracy"]) > 0.5
         assert all(saved[k].dtype == np.float32 for k in saved.files if k.startswith("arr_"))
@@ -67,7 +72,7 @@ def test_the_gpu_switch_puts_each_task_on_a_gpu_and_cupy_comes_back(tmp_path,
     script = tmp_path / "gpu_task.py"
     script.write_text(SCRIPT)
     env = {"CLUSTER_DEVICES": "gpu", "CLUSTER_COLLECTIVE_PATH": collective_path,
-           "PYTHONPATH": f"{Path(__file__).resolve().parents[1] / '_fakegpu'}:{REPO}"}
+           "PYTHONPATH": f"{FAKE_GPU}:{REPO}"}
     done = run_on_fake_gpu(*CLUSTERCTL, "launch", "-n", "2", str(script), "--run-dir",
                            str(tmp_path / "run"), "--color", "never", gpus=1, env=env,
                            cwd=REPO, timeout=200)
