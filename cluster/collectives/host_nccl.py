@@ -14,6 +14,9 @@ unique id reaches the others through the shared-memory arena. No network is used
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +26,11 @@ from cluster.collectives.ops import ReduceOp
 from cluster.collectives.shared_memory import SharedMemoryCollectives
 from cluster.deadline import Deadline
 
-__all__ = ["HostNccl"]
+__all__ = ["HostNccl", "nccl_decision"]
+
+log = logging.getLogger(__name__)
+
+_NO_GPU_ID = -1  # in the gathered table: this rank's GPU has no known PCI address
 
 
 class HostNccl:
@@ -65,12 +72,14 @@ class HostNccl:
         A collective of the local ranks: all must call it at the same point with the same
         ``seq``/``signature`` (those of the enclosing collective; ranks that disagree get
         ``CollectiveMismatchError`` from the arena). The first call all-gathers each rank's
-        ``device`` and whether :func:`nccl.available` holds there; NCCL is usable only if it
-        holds on every rank and the devices are distinct (NCCL refuses two ranks on one GPU).
-        If usable, local rank 0 makes a unique id, the others receive it by a shared-memory
-        broadcast, and every rank builds ``NcclComm(local.size, uid, local.rank, device)``
-        (which blocks until all have joined; NCCL's init has no deadline). The answer is the
-        same on every local rank.
+        ``device``, the PCI address of that GPU (``CUDA_VISIBLE_DEVICES`` may show each task
+        a different GPU as device 0) and whether :func:`nccl.available` holds there; NCCL is
+        usable only if it holds on every rank and the GPUs are distinct (NCCL refuses two
+        ranks on one GPU): see :func:`nccl_decision`. Local rank 0 logs the decision and its
+        reason once, at INFO. If usable, local rank 0 makes a unique id, the others receive it
+        by a shared-memory broadcast, and every rank builds
+        ``NcclComm(local.size, uid, local.rank, device)`` (which blocks until all have joined;
+        NCCL's init has no deadline). The answer is the same on every local rank.
 
         Later calls return the cached answer without communicating. ``device`` is fixed for
         the life of the instance: a different one raises ``ValueError`` (on that rank only;
@@ -112,12 +121,17 @@ class HostNccl:
 
     def _set_up(self, seq: int, signature: str, device: int, deadline: Deadline) -> None:
         local = self._local
-        mine = np.array([device, int(nccl.available())], np.int64)
-        _, gathered = local.all_gather(seq, signature, mine, deadline, rows=1, row_items=2)
-        table = gathered.reshape(local.size, 2)
-        devices = [int(d) for d in table[:, 0]]
-        # Every rank computes this from the same gathered bytes, so all agree without a vote.
-        usable = bool(table[:, 1].all()) and len(set(devices)) == local.size
+        has_nccl = nccl.available()
+        gpu = _pci_address(device) if has_nccl else None
+        mine = np.array([device, int(has_nccl), _NO_GPU_ID if gpu is None else gpu], np.int64)
+        _, gathered = local.all_gather(seq, signature, mine, deadline, rows=1, row_items=3)
+        table = gathered.reshape(local.size, 3)
+        # Every rank decides from the same gathered bytes, so all agree without a vote.
+        usable, reason = nccl_decision(
+            [int(d) for d in table[:, 0]], [bool(a) for a in table[:, 1]],
+            [None if g == _NO_GPU_ID else int(g) for g in table[:, 2]])
+        if local.rank == 0:
+            log.info("%s", reason)
         if usable:
             uid = self._share_unique_id(seq, signature, deadline)
             self._comm = nccl.NcclComm(local.size, uid, local.rank, device,
@@ -175,3 +189,66 @@ class HostNccl:
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.close()
+
+
+def nccl_decision(devices: Sequence[int], available: Sequence[bool],
+                  gpus: Sequence[int | None]) -> tuple[bool, str]:
+    """Whether NCCL can join the local ranks, and why, as one log line.
+
+    ``devices[r]`` is local rank ``r``'s CuPy device id, ``available[r]`` whether
+    :func:`nccl.available` holds there, ``gpus[r]`` its GPU's PCI address as an int (``None``
+    when unknown: then the device ids stand for the GPUs). NCCL needs it available on every
+    rank and one GPU per rank.
+
+    >>> usable, reason = nccl_decision([0, 0], [True, True], [0x3B0000, 0x3B0000])
+    >>> usable
+    False
+    >>> print(reason)  # doctest: +NORMALIZE_WHITESPACE
+    NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 (one GPU per task
+    needed); the host path carries GPU values
+    """
+    n = len(devices)
+    missing = [r for r in range(n) if not available[r]]
+    known = all(g is not None for g in gpus)
+    same: dict[int, list[int]] = {}
+    for r in range(n):
+        same.setdefault(gpus[r] if known else devices[r], []).append(r)  # type: ignore[arg-type]
+    shared = [ranks for ranks in same.values() if len(ranks) > 1]
+    if not missing and not shared:
+        on = ", ".join(f"local rank {r} on GPU {devices[r]}" for r in range(n))
+        return True, f"NCCL on among {n} local ranks, one GPU each ({on})"
+    reasons = []
+    if missing:
+        reasons.append(f"NCCL unavailable on {_ranks(missing)} (CuPy, its NCCL library or a "
+                       "visible GPU is missing there)")
+    for ranks in shared:
+        both = "both" if len(ranks) == 2 else "all"
+        ids = sorted({devices[r] for r in ranks})
+        gpu = (f"GPU {ids[0]}" if len(ids) == 1 else
+               f"one GPU (devices {', '.join(map(str, ids))} of their tasks)")
+        reasons.append(f"{_ranks(ranks)} {both} on {gpu} (one GPU per task needed)")
+    return False, (f"NCCL off among {n} local ranks: {'; '.join(reasons)}; the host path "
+                   "carries GPU values")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    if len(ranks) == 1:
+        return f"local rank {ranks[0]}"
+    return f"local ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
+
+
+def _pci_address(device: int) -> int | None:
+    """GPU ``device``'s PCI address ("0000:3B:00.0") as one int, the same in every process
+    whatever ``CUDA_VISIBLE_DEVICES`` numbers it; ``None`` if CuPy cannot tell."""
+    try:
+        import cupy
+
+        address = str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # no CuPy, no driver, a device that is not there: CuPy's own errors
+        return None
+    parts = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)",
+                         address.strip())
+    if parts is None:
+        return None
+    domain, bus, slot, function = (int(p, 16) for p in parts.groups())
+    return (domain << 24) | (bus << 16) | (slot << 8) | function

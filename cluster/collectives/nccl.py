@@ -73,9 +73,9 @@ _REDUCE_OPS = {
 }
 
 _INSTALL_HINT = (
-    "install CuPy for your driver's CUDA major version (the 'gpu' extra for CUDA 12, "
-    "'gpu-cuda13' for CUDA 13: pip install 'cluster-runtime[gpu]') and NCCL for it "
-    "(e.g. pip install nvidia-nccl-cu12)"
+    "install the 'gpu' extra, CuPy and NCCL for CUDA 12 drivers and newer (pip install "
+    "'cluster-runtime[gpu]'; 'gpu-cuda13' for CUDA 13 builds), or NCCL's wheel for the CuPy "
+    "you have (pip install nvidia-nccl-cu12, or nvidia-nccl-cu13 with cupy-cuda13x)"
 )
 
 

@@ -13,9 +13,11 @@ The environment shapes the machine:
   them as the CUDA driver does (``cupy.cuda.runtime.getDeviceCount()`` counts what it leaves);
 - ``CLUSTER_FAKE_CUPY``: ``cupy.__version__``, "13" or "14" (default) for the modelled release.
 
-NCCL communicators work among the ranks of one process (threads, ``initAll``); ranks in
-different processes never meet, so a test of several processes gives each its own GPU only
-where NCCL among them is not reached, or shares one GPU (then the host paths carry the values).
+NCCL works among the ranks of one process (``initAll``) and across processes: a unique id
+names a root in the process that made it, which the other ranks join, as real NCCL's ids name
+the root's bootstrap socket. So tasks that each take their own GPU (``CUDA_VISIBLE_DEVICES``
+per task, or local rank r on GPU r) run NCCL among themselves, and tasks sharing a GPU take the
+host paths, as on a real GPU host.
 
 In tests, :func:`fake_gpu_env` gives the environment, and the ``fake_gpu`` fixture (import it
 into a ``conftest.py``) starts processes on the machine, reaped when the test ends::

@@ -59,3 +59,42 @@ def test_the_environment_puts_the_fake_first() -> None:
 ])
 def test_cuda_visible_devices_is_cut_at_the_first_bad_entry(visible, want) -> None:
     assert visible_devices(4, visible) == want
+
+
+RANK = """
+import sys
+import cupy
+from cluster.collectives.nccl import NcclComm, unique_id
+rank = int(sys.argv[1])
+if rank == 0:
+    uid = unique_id()
+    print("id", uid.hex(), flush=True)
+else:
+    uid = bytes.fromhex(sys.argv[2])
+with NcclComm(2, uid, rank, 0, timeout_seconds=30) as comm, cupy.cuda.Device(0):
+    x = cupy.arange(4, dtype=cupy.float32) * (rank + 1)
+    total = comm.all_reduce(x, "SUM")
+    first = comm.broadcast(cupy.full(2, rank, dtype=cupy.int64), root=1)
+    print("result", cupy.cuda.Device(0).pci_bus_id, total.get().tolist(), first.get().tolist())
+"""
+
+
+@pytest.mark.parametrize("cupy", ["13", "14"])
+def test_nccl_ranks_in_two_processes_meet_through_the_unique_id(fake_gpu, cupy) -> None:
+    """One process per GPU, as torchrun or Slurm start them: each task sees its own GPU as
+    device 0 (``CUDA_VISIBLE_DEVICES``), rank 0 makes the id, the other joins with it."""
+    first = fake_gpu.python("-c", RANK, "0", gpus=2, visible="0", cupy=cupy)
+    uid = first.read_until("id ", timeout=30).split("id ")[1].split()[0]
+    second = fake_gpu.python("-c", RANK, "1", uid, gpus=2, visible="1", cupy=cupy)
+    assert (first.wait(40), second.wait(40)) == (0, 0), first.output + second.output
+    assert "result 0000:10:00.0 [0.0, 3.0, 6.0, 9.0] [1, 1]" in first.output
+    assert "result 0000:11:00.0 [0.0, 3.0, 6.0, 9.0] [1, 1]" in second.output
+
+
+def test_a_rank_that_leaves_fails_the_others_call(fake_gpu) -> None:
+    leaving = RANK.replace("    total = comm", "    sys.exit(3)\n    total = comm")
+    first = fake_gpu.python("-c", RANK, "0", gpus=2, visible="0")
+    uid = first.read_until("id ", timeout=30).split("id ")[1].split()[0]
+    second = fake_gpu.python("-c", leaving, "1", uid, gpus=2, visible="1")
+    assert second.wait(40) == 3
+    assert first.wait(40) == 1 and "a remote rank left" in first.output

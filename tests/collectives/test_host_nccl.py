@@ -7,6 +7,7 @@ of the unique id) runs for real over shared memory and the NCCL calls are checke
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from cluster.collectives import host_nccl as host_nccl_mod
-from cluster.collectives.host_nccl import HostNccl
+from cluster.collectives.host_nccl import HostNccl, nccl_decision
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.deadline import Deadline
 from cluster.errors import CollectiveTimeoutError
@@ -74,6 +75,60 @@ def test_not_ready_when_one_rank_lacks_nccl(fake: FakeCuda, monkeypatch) -> None
     hosts = _hosts(3)
     assert _ready(hosts, [0, 1, 2]) == [False, False, False]
     assert all(h.comm is None for h in hosts) and fake.worlds == {}
+
+
+def test_each_task_seeing_its_own_gpu_as_device_0_is_ready(
+    fake: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CUDA_VISIBLE_DEVICES`` set per task (Kubernetes, Slurm): every task's device 0 is
+    another GPU, which the PCI address tells (each thread stands in for such a task)."""
+    def pci_bus_id(device: Any) -> str:
+        return f"0000:{0x3B + int(threading.current_thread().name[-1]):02X}:00.0"
+
+    monkeypatch.setattr(fake.cuda.Device, "pci_bus_id", property(pci_bus_id))
+    hosts = _hosts(2)
+    assert _ready(hosts, [0, 0]) == [True, True]
+    assert [h.comm.device for h in hosts] == [0, 0]  # type: ignore[union-attr]
+
+
+# -- the decision, logged once ---------------------------------------------------------------
+
+OFF_SHARED = ("NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 (one GPU per "
+              "task needed); the host path carries GPU values")
+
+
+@pytest.mark.parametrize(("devices", "want"), [
+    ([0, 0], (False, OFF_SHARED)),
+    ([0, 1], (True, "NCCL on among 2 local ranks, one GPU each (local rank 0 on GPU 0, local "
+                    "rank 1 on GPU 1)")),
+    ([1, 0, 1, 1], (False, "NCCL off among 4 local ranks: local ranks 0, 2 and 3 all on GPU 1 "
+                           "(one GPU per task needed); the host path carries GPU values")),
+])
+def test_the_decision_and_its_reason_are_logged_once_by_local_rank_0(
+    fake: FakeCuda, caplog: pytest.LogCaptureFixture, devices: list[int], want: tuple
+) -> None:
+    hosts = _hosts(len(devices))
+    with caplog.at_level(logging.INFO, logger="cluster.collectives.host_nccl"):
+        assert _ready(hosts, devices) == [want[0]] * len(devices)
+        assert _ready(hosts, devices, seq=2) == [want[0]] * len(devices)  # cached: no log
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if r.name == "cluster.collectives.host_nccl"]
+    assert lines == [(logging.INFO, want[1])]
+
+
+def test_ranks_without_nccl_are_named() -> None:
+    usable, reason = nccl_decision([0, 1, 1], [True, False, False], [None, None, None])
+    assert not usable
+    assert reason == ("NCCL off among 3 local ranks: NCCL unavailable on local ranks 1 and 2 "
+                      "(CuPy, its NCCL library or a visible GPU is missing there); local ranks "
+                      "1 and 2 both on GPU 1 (one GPU per task needed); the host path carries "
+                      "GPU values")
+
+
+def test_the_pci_address_decides_over_the_device_id() -> None:
+    assert nccl_decision([0, 0], [True, True], [0x3B0000, 0x3C0000])[0] is True
+    assert nccl_decision([0, 1], [True, True], [0x3B0000, 0x3B0000]) == (
+        False, OFF_SHARED.replace("GPU 0", "one GPU (devices 0, 1 of their tasks)"))
 
 
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import subprocess
 import sys
+import threading
 import types
 from typing import Any
 
@@ -38,6 +39,7 @@ from tests._requires import cupy_missing
 
 from ._fake_cupy import (
     NCCL_CONSTANTS,
+    VERSIONS,
     FakeArray,
     FakeCuda,
     assert_same_bits,
@@ -50,10 +52,10 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.path_independent]
 # available() is False when CuPy cannot run here, or when it sees a device but not NCCL.
 NO_GPU = cupy_missing() or "CuPy sees a CUDA device but cannot load NCCL (cupy.cuda.nccl)"
 
-# The constants of cupy_backends/cuda/libs/nccl.pxd.
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
-    return FakeCuda().install(monkeypatch)
+@pytest.fixture(params=VERSIONS, ids=lambda v: f"cupy{v.split('.')[0]}")
+def fake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
+    """The fake CuPy, once per CuPy version the project supports."""
+    return FakeCuda(version=request.param).install(monkeypatch)
 
 
 def test_available_is_false_without_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +63,7 @@ def test_available_is_false_without_cupy(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setitem(sys.modules, name, None)  # ``import cupy`` raises ImportError
     assert available() is False
     with pytest.raises(ImportError,
-                       match=r"need CuPy: install CuPy for your driver's CUDA major version"):
+                       match=r"need CuPy: install the 'gpu' extra"):
         unique_id()
     with pytest.raises(ImportError, match="nvidia-nccl"):
         NcclComm(1, bytes(128), 0, 0)
@@ -132,9 +134,50 @@ def test_id_from_bytes_rejects_what_is_not_an_id(value, error, match) -> None:
         id_from_bytes(value)
 
 
-def test_unique_id_serialises_cupys_tuple(fake: FakeCuda) -> None:
-    fake.nccl.get_unique_id = lambda: tuple(range(-64, 64))
-    assert unique_id() == bytes(v & 0xFF for v in range(-64, 64))
+def test_unique_id_serialises_what_cupy_gives(fake: FakeCuda) -> None:
+    uid = unique_id()
+    assert type(uid) is bytes and len(uid) == 128
+    if fake.major == 13:  # a tuple of C chars
+        fake.nccl.get_unique_id = lambda: tuple(range(-64, 64))
+        assert unique_id() == bytes(v & 0xFF for v in range(-64, 64))
+    else:  # the bytes themselves
+        fake.nccl.get_unique_id = lambda: bytes(range(128))
+        assert unique_id() == bytes(range(128))
+
+
+def test_one_rank_communicator_from_a_unique_id(fake: FakeCuda) -> None:
+    with NcclComm(1, unique_id(), 0, 0, timeout_seconds=5) as comm:
+        x = fake.array(np.array([-5, 0, 7], np.int64), 0)
+        assert host(comm.all_reduce(x, "MEAN")).tolist() == [-5, 0, 7]
+        assert host(comm.broadcast(x, 0)).tolist() == [-5, 0, 7]
+        assert host(comm.all_gather(x.reshape(3, 1))).ravel().tolist() == [-5, 0, 7]
+    assert comm.closed
+
+
+def test_two_ranks_from_rank_0s_unique_id(fake: FakeCuda) -> None:
+    ids: list[bytes] = []
+    made = threading.Event()
+
+    def rank(r: int) -> np.ndarray:
+        if r == 0:
+            ids.append(unique_id())
+            made.set()
+        assert made.wait(10)
+        with NcclComm(2, ids[0], r, device=r, timeout_seconds=5) as comm:
+            return host(comm.all_reduce(fake.array([r + 1.0, -r], r), "SUM"))
+
+    assert_same_bits(run_ranks(rank, 2), np.array([3.0, -1.0]))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_fake_refuses_the_other_versions_id(monkeypatch: pytest.MonkeyPatch,
+                                                version: str) -> None:
+    """What NcclComm once got wrong: each CuPy takes one form of the id, and only that."""
+    fake = FakeCuda(version=version).install(monkeypatch)
+    other = tuple(range(128)) if fake.major == 14 else bytes(128)
+    want = "bytes, got tuple" if fake.major == 14 else "tuple, got bytes"
+    with pytest.raises(TypeError, match=f"Argument 'commId' has incorrect type .expected {want}"):
+        fake.nccl.NcclCommunicator(1, other, 0)
 
 
 # -- dtype and op tables ---------------------------------------------------------------------
