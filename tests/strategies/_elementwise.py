@@ -4,8 +4,9 @@ The fake CuPy (``tests/_fakegpu/fakecuda.py``) has no kernels. This one runs the
 that :mod:`cluster.collectives.kernels` generates by reading it as a sequence of assignments
 (``T s = g0; s = add_rn(s, g1); w = add_rn(w, mul_rn(s, scale));``) with ``add_rn``/``mul_rn``
 as NumPy's ``add``/``multiply``: each step rounded once, in the dtype of the arrays, as the CUDA
-intrinsics ``__fadd_rn``/``__fmul_rn`` round. Output parameters are written in place. Every
-call is recorded in ``calls`` (the kernel's name).
+intrinsics ``__fadd_rn``/``__fmul_rn`` round. It reads arrays with ``.get()`` and writes
+output parameters in place with ``.set()``, CuPy's own copies. Every call is recorded in
+``calls`` (the kernel's name).
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ class ElementwiseKernel:
             raise TypeError(f"{self.name}: wrong number of arguments ({len(args)})")
         calls.append(self.name)
         env: dict[str, Any] = {}
-        for name, arg in zip([*self.ins, *self.outs], args, strict=True):
-            env[name] = arg.view(np.ndarray) if isinstance(arg, np.ndarray) else arg
-        outs = {name: env[name] for name in self.outs}
+        arrays = dict(zip([*self.ins, *self.outs], args, strict=True))
+        for name, arg in arrays.items():
+            env[name] = arg.get() if hasattr(arg, "get") else arg
         for statement in filter(None, (s.strip() for s in self.operation.split(";"))):
             target, expression = (part.strip() for part in statement.split("=", 1))
             target = re.sub(r"^T\s+", "", target)
-            value = eval(expression, {"__builtins__": {}, **_FUNCTIONS}, env)  # noqa: S307
-            if target in outs:
-                outs[target][...] = value
-            else:
-                env[target] = np.array(value, copy=True)
+            env[target] = eval(expression, {"__builtins__": {}, **_FUNCTIONS}, env)  # noqa: S307
+        for name in self.outs:
+            arrays[name].set(np.asarray(env[name], dtype=arrays[name].dtype))
         return None if self.no_return else args[-1]
 
 
