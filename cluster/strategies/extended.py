@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import family_of, is_cupy
+from cluster._family import Family, family_of, is_cupy
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
 from cluster.cross_device_ops import Components, CrossDeviceOps, components_of
@@ -197,30 +197,34 @@ class StrategyExtended(WorkerInfo):
             op, comps, self._num_replicas_in_sync, call_options(options, self._options))
         out = []
         for components, per_replica in zip(comps, reduced, strict=True):
-            restore = components.family.restore
-            results = [restore(r) for r in self._hand_out(per_replica)]
+            family = components.family
+            results = [family.restore(r) for r in self._hand_out(per_replica, family)]
             out.append(Mirrored(results) if len(results) > 1 else results[0])
         return _nest.pack_sequence_as(value, out)
 
-    def _hand_out(self, per_replica: Sequence[Any]) -> list[Any]:
+    def _hand_out(self, per_replica: Sequence[Any], family: Family) -> list[Any]:
         """The ops' fresh results (see ``CrossDeviceOps.batch_reduce_components``), one array of
-        its own per local replica: a result is given out as is to the first replica on its
-        device; repeats (one array serving several replicas) and results on another device are
-        copied, once per replica's device."""
+        its own per local replica, where the caller's family lives (:meth:`_home`): a result is
+        given out as is to the first replica it suits; repeats (one array serving several
+        replicas) and results elsewhere are copied."""
         given: set[int] = set()
         out = []
         for i, r in enumerate(per_replica):
-            if id(r) in given or not self._on_device(i, r):
-                r = self.place(i, r)
+            home = self._home(i, family)
+            if id(r) in given or not _lives_at(r, home):
+                r = _copy_to(home, r)
             given.add(id(r))
             out.append(r)
         return out
 
-    def _on_device(self, index: int, array: Any) -> bool:
+    def _home(self, index: int, family: Family) -> int | None:
+        """Where local replica ``index`` gets a result of a value of ``family``: host memory
+        (``None``) for a host value, whatever the replica's device (NumPy in, NumPy out); for a
+        GPU value the replica's GPU, or the value's own GPU for a CPU replica."""
+        if not family.on_gpu:
+            return None
         device = self._devices[index]
-        if device.is_gpu:
-            return is_cupy(array) and array.device.id == device.index
-        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
+        return device.index if device.is_gpu else family.device
 
     def all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
         """Every leaf of ``value`` concatenated along ``axis`` over all replicas of all workers,
@@ -231,8 +235,9 @@ class StrategyExtended(WorkerInfo):
             check_gather_rank(comps, axis)
             gathered = self._cross_device_ops.gather_components(
                 comps, axis, call_options(options, self._options))
-            restore = comps.family.restore
-            copies = [restore(self.place(i, gathered)) for i in range(self._local_count)]
+            family = comps.family
+            copies = [family.restore(_copy_to(self._home(i, family), gathered))
+                      for i in range(self._local_count)]
             out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
         return _nest.pack_sequence_as(value, out)
 
@@ -389,6 +394,23 @@ class StrategyExtended(WorkerInfo):
         if options["synchronization"] is VariableSynchronization.ON_READ:
             return SyncOnReadVariable(self._container, components, **options)
         return MirroredVariable(self._container, components, **options)
+
+
+def _lives_at(array: Any, home: int | None) -> bool:
+    """Whether ``array`` is in host memory (``home`` None) or on GPU ``home``."""
+    if home is None:
+        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
+    return is_cupy(array) and array.device.id == home
+
+
+def _copy_to(home: int | None, array: Any) -> Any:
+    """A copy of ``array`` in host memory (``home`` None) or on GPU ``home``."""
+    if home is None:
+        return np.array(array.get() if is_cupy(array) else array, copy=True)
+    import cupy  # optional (extra 'gpu'): a GPU value exists only where it is installed
+
+    with cupy.cuda.Device(home):
+        return cupy.array(array, copy=True)
 
 
 def _updatable(grad: Any, target: Any) -> bool:

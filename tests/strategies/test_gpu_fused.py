@@ -138,3 +138,41 @@ def test_the_default_reduce_and_update_of_any_ops_is_the_unfused_route() -> None
     want = _keras_sgd(w0, g[0] + g[1]).tobytes()
     assert [c.numpy().tobytes() for c in strategy.experimental_local_results(v)] == [want] * 2
     assert not Summing().reduce_and_update([[g[0]], ], [[w0.copy()]], AddScaled(-LR), 1)
+
+
+# -- values keep their family whatever the replica's device -----------------------------------
+
+def _all_reduce_and_gather(strategy, value):
+    def step():
+        ctx = cluster.get_replica_context()
+        return ctx.all_reduce("SUM", value), ctx.all_gather(value, axis=0)
+
+    return strategy.run(step)
+
+
+@pytest.mark.parametrize("devices", [["/cpu:0"], ["/gpu:1"]], ids=["cpu replica", "gpu replica"])
+def test_numpy_in_numpy_out_and_cupy_in_cupy_out_on_any_replica(fake: FakeCuda, devices) -> None:
+    strategy = cluster.MirroredStrategy(devices)
+    summed, gathered = _all_reduce_and_gather(strategy, np.arange(3, dtype=np.float32))
+    assert type(summed) is np.ndarray and type(gathered) is np.ndarray
+    assert summed.tolist() == [0.0, 1.0, 2.0] and gathered.tolist() == [0.0, 1.0, 2.0]
+    x = fake.array(np.arange(3, dtype=np.float32), 0)
+    summed, gathered = _all_reduce_and_gather(strategy, x)
+    assert isinstance(summed, fake.cupy.ndarray) and isinstance(gathered, fake.cupy.ndarray)
+    # On a GPU replica the result is on the replica's GPU; a CPU replica leaves it on the value's.
+    want_device = 1 if devices == ["/gpu:1"] else 0
+    assert summed.device.id == want_device and gathered.device.id == want_device
+    assert host(summed).tolist() == [0.0, 1.0, 2.0] and host(gathered).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_cupy_gradients_update_cpu_variables_exactly(fake: FakeCuda) -> None:
+    hub = InProcessHub(1)
+    strategy = MultiWorkerMirroredStrategy._from_transport(hub.transports[0], devices=["/cpu:0"])
+    w0 = np.linspace(-1, 1, 5, dtype=np.float32)
+    g = np.linspace(0.5, 3, 5, dtype=np.float32)
+    with strategy.scope():
+        v = cluster.Variable(w0)
+    opt = cluster.optimizers.SGD(LR)
+    strategy.run(lambda: opt.apply_gradients([(fake.array(g, 1), v)]))
+    assert type(v.value()) is np.ndarray
+    assert v.numpy().tobytes() == _keras_sgd(w0, g).tobytes()
