@@ -7,7 +7,8 @@ a user's value into one of those without a copy where the library allows (DLPack
 comes back as a torch tensor, a Python or NumPy scalar as a NumPy scalar). :func:`stage` is the
 same for code that needs host memory (the collectives' host algorithms): a CuPy array is copied to
 the host and its result copied back onto its GPU. :func:`to_host` / :func:`on_device_of` are the
-two copies themselves.
+two copies themselves; given a :class:`~cluster._staging.Staging`, they go through its pinned,
+reused buffers and copy streams (the collective groups' way), else through pageable memory.
 
 :func:`family_of` decides a value's family once, where it enters a strategy, as a :class:`Family`
 (the array module, the GPU, the way back) that is carried down with its arrays instead of being
@@ -24,9 +25,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cluster._staging import Staging
 
 __all__ = [
     "Family",
@@ -244,17 +248,34 @@ def _to_torch(result: Any) -> Any:
     return torch.from_dlpack(result)
 
 
-def to_host(array: Any) -> np.ndarray:
-    """A NumPy or CuPy ``array`` in host memory: NumPy as is, CuPy copied off its GPU."""
-    return sys.modules["cupy"].asnumpy(array) if is_cupy(array) else np.asarray(array)
+def to_host(array: Any, staging: Staging | None = None) -> np.ndarray:
+    """A NumPy or CuPy ``array`` in host memory: NumPy as is, CuPy copied off its GPU.
+
+    With ``staging``, the copy is one of its pinned pool buffers (or pageable memory when none
+    fits), the caller's to read and write until it drops it; without, fresh pageable memory.
+    """
+    if not is_cupy(array):
+        return np.asarray(array)
+    if staging is not None:
+        return staging.to_host(array)
+    return sys.modules["cupy"].asnumpy(array)
 
 
-def on_device_of(template: Any, host: np.ndarray) -> Any:
-    """``host`` on ``template``'s GPU (a copy) when ``template`` is a CuPy array, else ``host``."""
+def on_device_of(template: Any, host: np.ndarray, staging: Staging | None = None) -> Any:
+    """``host`` on ``template``'s GPU (a fresh copy, ready on return) when ``template`` is a
+    CuPy array, else ``host``. ``staging`` makes the copy on its stream (fast from its pinned
+    buffers); ``host`` may be reused once this returns either way."""
     if not is_cupy(template):
         return host
+    return _to_device(host, template.device.id, staging)
+
+
+def _to_device(host: np.ndarray, device: int, staging: Staging | None) -> Any:
+    if staging is not None:
+        return staging.to_device(np.asarray(host), device)
     cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(template.device.id):
+    with cupy.cuda.Device(device):
+        # From pageable memory, CuPy copies ``host`` into a transfer buffer before returning.
         return cupy.asarray(host)
 
 
@@ -266,7 +287,8 @@ class Staged:
     - ``owned``: True when ``array`` is a fresh copy nobody else can see (a converted scalar or
       list, a CuPy array's host copy), so a collective may reduce into it in place.
     - ``restore``: turns a host result of the same shape back into the caller's family (onto
-      the caller's GPU for a CuPy value).
+      the caller's GPU for a CuPy value: a fresh CuPy array, ready on return; the host result
+      may be reused once it returns).
     """
 
     array: np.ndarray
@@ -274,24 +296,25 @@ class Staged:
     restore: Callable[[np.ndarray], Any]
 
 
-def stage(value: Any, what: str = "collective") -> Staged:
+def stage(value: Any, what: str = "collective", staging: Staging | None = None) -> Staged:
     """``value`` (any family :func:`to_array` takes) staged in host memory.
 
-    Raises ``TypeError`` naming ``what`` and the supported families for anything else.
+    A GPU value is copied to the host (through ``staging``'s pinned buffers when given, see
+    :func:`to_host`) and its result back onto its GPU. Raises ``TypeError`` naming ``what`` and
+    the supported families for anything else.
     """
     array, restore = to_array(value, what)
     if is_cupy(array):
-        return Staged(to_host(array), True, _back_to(array, restore))
+        return Staged(to_host(array, staging), True, _back_to(array, restore, staging))
     owned = array is not value and not hasattr(value, "__dlpack__")  # converted: a fresh array
     return Staged(array, owned, restore)
 
 
-def _back_to(device_array: Any, restore: Callable[[Any], Any]) -> Callable[[np.ndarray], Any]:
+def _back_to(device_array: Any, restore: Callable[[Any], Any],
+             staging: Staging | None) -> Callable[[np.ndarray], Any]:
     device = device_array.device.id
 
     def back(result: np.ndarray) -> Any:
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(device):
-            return restore(cupy.asarray(result))
+        return restore(_to_device(result, device, staging))
 
     return back

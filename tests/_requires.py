@@ -3,9 +3,9 @@ command that installs it into this project's environment.
 
 torch and JAX are extras outside the default environment (``uv run`` = the project and the dev
 group). ``uv sync --inexact --extra NAME`` adds one without removing what is already there, and
-later ``uv run`` calls keep it. CuPy comes from the ``gpu`` extra (CUDA 12 drivers) or the
-``gpu-cuda13`` extra (CUDA 13 drivers); a CuPy that is installed but sees no CUDA device is told
-apart from a CuPy that is not installed.
+later ``uv run`` calls keep it. CuPy comes from the ``gpu`` extra (CUDA 12 builds: CUDA 12 and 13
+drivers) or the ``gpu-cuda13`` extra (CUDA 13 builds); a CuPy that is installed but sees no CUDA
+device is told apart from a CuPy that is not installed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ __all__ = ["cupy_missing", "install_command", "require", "require_cupy", "skip_w
 # The extra that installs each optional module (ml_dtypes comes with both; torch's names it).
 _EXTRA = {"torch": "torch", "ml_dtypes": "torch", "jax": "jax"}
 
-CUPY_INSTALL = ("uv sync --inexact --extra gpu (CUDA 12 drivers; --extra gpu-cuda13 for "
-                "CUDA 13 drivers)")
+CUPY_INSTALL = ("uv sync --inexact --extra gpu (CUDA 12 and 13 drivers; --extra gpu-cuda13 "
+                "for CUDA 13 builds)")
 
 
 def install_command(extra: str) -> str:

@@ -403,6 +403,24 @@ _USES: dict[str, dict[str, str]] = {
         """,
     },
     "cluster.torch": {
+        "device": """
+            import torch
+            import cluster.torch
+            chosen = cluster.torch.device()  # the default strategy: one task, local rank 0
+            assert chosen == (torch.device("cuda", 0) if torch.cuda.is_available()
+                              else torch.device("cpu"))
+        """,
+        "Placement": """
+            import torch
+            import cluster.torch
+            placement = cluster.torch.Placement(torch.device("cpu"), cluster.torch.Transfer.HOST,
+                                                "CPU")
+            assert placement.for_dtype(torch.bfloat16) is cluster.torch.Transfer.HOST
+        """,
+        "Transfer": """
+            import cluster.torch
+            assert cluster.torch.Transfer("staged") is cluster.torch.Transfer.STAGED
+        """,
         "DistributedGradients": """
             import torch
             import cluster.torch

@@ -18,7 +18,8 @@
   ``<group>/hosts``), which carries the leaders' step of the ``HIER`` all-reduce.
 
 Arrays handed in are NumPy (CuPy only where a method says so); ``owned`` says the engine may
-reduce into one in place.
+reduce into one in place. CuPy values that take a host path are copied through the group's
+:class:`~cluster._staging.Staging` (pinned, reused buffers; :attr:`GroupEngine.staging`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import numpy as np
 
 from cluster import timeline
 from cluster._family import Staged, is_cupy, stage
+from cluster._staging import Staging
 from cluster.collectives import _packing, _stall
 from cluster.collectives._buffers import BufferPool, working_copy
 from cluster.collectives._call import Call, CallCounter
-from cluster.collectives._jobs import then
 from cluster.collectives.arena import ArenaLayout
 from cluster.collectives.epilogue import Update, apply_whole
 from cluster.collectives.hierarchy import HostCollectives
@@ -85,6 +86,7 @@ class GroupEngine:
         self._single_copy = shm_single_copy
         self._calls = CallCounter(transport, name)
         self._buffers = BufferPool()
+        self._staging = Staging()
         self._network = NetworkCollectives(
             transport, name, settings=settings, small_message_bytes=small_message_bytes,
             chunk_bytes=chunk_bytes, buffers=self._buffers,
@@ -120,6 +122,11 @@ class GroupEngine:
     def network(self) -> NetworkCollectives:
         """The network collectives (the ring, recursive doubling) of the group's ranks."""
         return self._network
+
+    @property
+    def staging(self) -> Staging:
+        """Where this rank's GPU values are staged in host memory for the host paths."""
+        return self._staging
 
     @property
     def route_counts(self) -> dict[str, int]:
@@ -160,24 +167,27 @@ class GroupEngine:
         route = self._route(call, "all_reduce")
         if self._shm is not None and route is not Route.NETWORK:  # NCCL inside the host
             return self._host_path().device_all_reduce(call, route, value, op)
-        staged = stage(value, "all_reduce")
+        staged = stage(value, "all_reduce", self._staging)
         return staged.restore(self.all_reduce(call, staged.array, staged.owned, op))
 
     def all_reduce_many(self, call: Call, items: list[Staged], op: ReduceOp) -> list[Any]:
         """``(restore, result)`` per item: CuPy items stay on their GPU where NCCL may carry
-        them (the device route), else they are staged to the host here."""
+        them (the device route), else they are staged to the host here and their results copied
+        back onto their GPUs (each direction's copies queued together, waited for once)."""
         route = self._route(call, "all_reduce") if self.world_size > 1 else Route.NETWORK
         on_device = route is not Route.NETWORK and self._shm is not None
-        arrays, owned, restores = [], [], []
-        for item in items:
-            if is_cupy(item.array) and not on_device:
-                host = stage(item.array, "all_reduce_many")
-                item = Staged(host.array, True, then(host.restore, item.restore))
-            arrays.append(item.array)
-            owned.append(item.owned)
-            restores.append(item.restore)
-        return list(zip(restores, self._all_reduce_packed(call, route, arrays, owned, op),
-                        strict=True))
+        staged = [] if on_device else [i for i, item in enumerate(items) if is_cupy(item.array)]
+        hosts = self._staging.to_host_many([items[i].array for i in staged])
+        arrays = [item.array for item in items]
+        owned = [item.owned for item in items]
+        for i, host in zip(staged, hosts, strict=True):
+            arrays[i], owned[i] = host, True
+        results = self._all_reduce_packed(call, route, arrays, owned, op)
+        devices = [items[i].array.device.id for i in staged]
+        on_gpus = self._staging.to_device_many([results[i] for i in staged], devices)
+        for i, result in zip(staged, on_gpus, strict=True):
+            results[i] = result
+        return list(zip([item.restore for item in items], results, strict=True))
 
     def _all_reduce_packed(self, call: Call, route: Route, arrays: list[Any], owned: list[bool],
                            op: ReduceOp) -> list[Any]:
@@ -284,7 +294,7 @@ class GroupEngine:
         self._hosts = HostCollectives(
             self._shm, self._network, configs=configs, world_size=self.world_size,
             across_leaders=None if self._leaders is None else self._across_leaders,
-            buffers=self._buffers,
+            buffers=self._buffers, staging=self._staging,
         )
 
     def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:

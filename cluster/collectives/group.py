@@ -281,7 +281,7 @@ class CollectiveGroup:
         except along ``axis``, where sizes may differ. Any dtype without Python objects.
         """
         def prepare() -> Prepared:
-            staged = stage(value, "all_gather")
+            staged = stage(value, "all_gather", self._engine.staging)
             array = staged.array
             check_plain_dtype(array.dtype, "all_gather")
             if array.ndim == 0:
@@ -314,7 +314,7 @@ class CollectiveGroup:
                 raise ValueError(
                     f"broadcast root {root} is not a rank of this group (0..{self.world_size - 1})"
                 )
-            staged = stage(value, "broadcast")
+            staged = stage(value, "broadcast", self._engine.staging)
             check_plain_dtype(staged.array.dtype, "broadcast")
             return (lambda call: self._engine.broadcast(call, staged.array, int(root)),
                     staged.restore)
@@ -335,7 +335,7 @@ class CollectiveGroup:
         """
         def prepare() -> Prepared:
             parsed = ReduceOp.parse(op)
-            staged = stage(value, "reduce_scatter")
+            staged = stage(value, "reduce_scatter", self._engine.staging)
             check_reducible(staged.array.dtype, "reduce_scatter")
             if staged.array.ndim == 0:
                 raise ValueError("reduce_scatter needs a value of rank >= 1 to split along axis 0")
@@ -350,8 +350,10 @@ class CollectiveGroup:
 
     def close(self) -> None:
         """End the group's stream thread once its queued collectives finished (each bounded by
-        its deadline). The group stays usable; a later asynchronous call starts a new thread."""
+        its deadline) and drop its pinned staging buffers (:mod:`cluster._staging`). The group
+        stays usable; a later asynchronous call starts a new thread."""
         self._stream.close()
+        self._engine.staging.close()
 
     # -- jobs: validate on the caller's thread, run in the stream ----------------------------
 
@@ -363,7 +365,7 @@ class CollectiveGroup:
             if is_cupy(value):
                 check_reducible(value.dtype, "all_reduce")
                 return (lambda call: self._engine.cupy_all_reduce(call, value, parsed)), identity
-            staged = stage(value, "all_reduce")
+            staged = stage(value, "all_reduce", self._engine.staging)
             check_reducible(staged.array.dtype, "all_reduce")
             return (lambda call: self._engine.all_reduce(call, staged.array, staged.owned, parsed),
                     staged.restore)

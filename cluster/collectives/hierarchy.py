@@ -15,7 +15,8 @@ hierarchical all-reduce across hosts.
   arguments fail at once instead of waiting in shared memory.
 - CuPy all-reduces on either route use NCCL among the host's GPUs
   (:class:`~cluster.collectives.host_nccl.HostNccl`) where every local rank can; host memory is
-  then touched only by the leader's copy that crosses the network.
+  then touched only by the leader's copy that crosses the network. Every copy between a GPU
+  and host memory goes through the group's :class:`~cluster._staging.Staging`.
 
 Every method takes the group's :class:`Call` and computes; arguments are validated by the group.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from cluster._family import is_cupy, on_device_of, stage, to_host
+from cluster._staging import Staging
 from cluster.collectives import _packing
 from cluster.collectives._buffers import BufferPool
 from cluster.collectives._call import Call
@@ -68,6 +70,7 @@ class HostCollectives:
     - ``configs``: the signature text of each route
       (:func:`~cluster.collectives.route.shm_config`, ``hier_config``).
     - ``world_size``: the group's size (MEAN's divisor on a ``LOCAL`` route).
+    - ``staging``: the group's pinned host buffers for CuPy values' copies.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class HostCollectives:
         configs: Mapping[Route, str],
         world_size: int,
         buffers: BufferPool,
+        staging: Staging,
     ) -> None:
         self.shm = shm
         self._network = network
@@ -86,6 +90,7 @@ class HostCollectives:
         self._configs = dict(configs)
         self._world_size = world_size
         self._buffers = buffers
+        self._staging = staging
         self._nccl: HostNccl | None = None  # NCCL among the host's GPUs, once a CuPy value came
 
     def config(self, route: Route) -> str:
@@ -225,7 +230,7 @@ class HostCollectives:
         if self._nccl is None:
             self._nccl = HostNccl(self.shm, timeout_seconds=call.options.deadline_seconds)
         if not self._nccl.ready(call.seq, signature, value.device.id, call.deadline):
-            staged = stage(value, "all_reduce")
+            staged = stage(value, "all_reduce", self._staging)
             work, source = self._buffers.output_for(staged.array, staged.owned)
             self._reduce(call, route, signature, work if source is None else source, work, op)
             return staged.restore(work.reshape(staged.array.shape))
@@ -234,9 +239,9 @@ class HostCollectives:
         inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
         total = self._nccl.all_reduce(value, inner)
         if self._across_leaders is not None:  # the host boundary: one copy out, one back in
-            host = to_host(total).reshape(-1)
+            host = to_host(total, self._staging).reshape(-1)
             self._across_leaders(call, host, op)
-            total = on_device_of(total, host.reshape(value.shape))
+            total = on_device_of(total, host.reshape(value.shape), self._staging)
         return self._nccl.broadcast(total, 0)
 
     def _reduce(self, call: Call, route: Route, signature: str, src: np.ndarray,

@@ -204,8 +204,8 @@ def nccl_decision(devices: Sequence[int], available: Sequence[bool],
     >>> usable
     False
     >>> print(reason)  # doctest: +NORMALIZE_WHITESPACE
-    NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 (one GPU per task
-    needed); the host path carries GPU values
+    NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 at 0000:3B:00.0 (one GPU
+    per task needed); the host path carries GPU values
     """
     n = len(devices)
     missing = [r for r in range(n) if not available[r]]
@@ -215,7 +215,7 @@ def nccl_decision(devices: Sequence[int], available: Sequence[bool],
         same.setdefault(gpus[r] if known else devices[r], []).append(r)  # type: ignore[arg-type]
     shared = [ranks for ranks in same.values() if len(ranks) > 1]
     if not missing and not shared:
-        on = ", ".join(f"local rank {r} on GPU {devices[r]}" for r in range(n))
+        on = ", ".join(f"local rank {r} on {_gpu(devices[r], gpus[r])}" for r in range(n))
         return True, f"NCCL on among {n} local ranks, one GPU each ({on})"
     reasons = []
     if missing:
@@ -224,11 +224,19 @@ def nccl_decision(devices: Sequence[int], available: Sequence[bool],
     for ranks in shared:
         both = "both" if len(ranks) == 2 else "all"
         ids = sorted({devices[r] for r in ranks})
-        gpu = (f"GPU {ids[0]}" if len(ids) == 1 else
+        gpu = (_gpu(ids[0], gpus[ranks[0]]) if len(ids) == 1 else
                f"one GPU (devices {', '.join(map(str, ids))} of their tasks)")
         reasons.append(f"{_ranks(ranks)} {both} on {gpu} (one GPU per task needed)")
     return False, (f"NCCL off among {n} local ranks: {'; '.join(reasons)}; the host path "
                    "carries GPU values")
+
+
+def _gpu(device: int, address: int | None) -> str:
+    if address is None:
+        return f"GPU {device}"
+    domain, bus, slot, function = (address >> 24, (address >> 16) & 0xFF, (address >> 8) & 0xFF,
+                                   address & 0xFF)
+    return f"GPU {device} at {domain:04X}:{bus:02X}:{slot:02X}.{function:X}"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -3,7 +3,9 @@
 
 Both send bytes: every tensor is viewed as ``uint8`` and packed into one buffer, so a whole
 module (any mix of dtypes: float parameters, int64 counters, bool masks) is one broadcast, and
-the copies on the other ranks are bitwise rank 0's.
+the copies on the other ranks are bitwise rank 0's. Tensors may be on the CPU or on GPUs: the
+root packs them where they are and copies the bytes to the host once; the other ranks copy what
+they receive onto each tensor's device once per device.
 """
 
 from __future__ import annotations
@@ -23,24 +25,40 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+def _packed_on_host(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The bytes of ``tensors``, concatenated, in host memory: packed on their device when they
+    share one (a single copy off a GPU), else copied one by one."""
+    parts = [_bytes_of(t) for t in tensors]
+    if len({p.device for p in parts}) == 1:
+        return torch.cat(parts).cpu()  # .cpu() of a CPU tensor is the tensor itself
+    return torch.cat([p.cpu() for p in parts])
+
+
 def broadcast_tensors(tensors: list[torch.Tensor], group: Any, root: int = 0) -> None:
-    """Overwrite ``tensors`` in place with ``root``'s (one broadcast of their bytes).
+    """Overwrite ``tensors`` (on any devices) in place with ``root``'s (one broadcast of their
+    bytes).
 
     Every rank passes tensors of the same dtypes and shapes in the same order; a rank whose
     total size differs fails the collective with the group's mismatch error.
     """
     if not tensors:
         return
-    packed = torch.cat([_bytes_of(t) for t in tensors])
+    if group.rank == root:
+        packed = _packed_on_host(tensors)
+    else:  # only the size matters here
+        packed = torch.empty(sum(t.numel() * t.element_size() for t in tensors),
+                             dtype=torch.uint8)
     received = torch.from_numpy(np.asarray(group.broadcast(packed.numpy(), root)))
     if group.rank == root:
         return  # already root's values, bit for bit
+    on_device = {device: received.to(device)  # one copy per device
+                 for device in {t.device for t in tensors}}
     offset = 0
     with torch.no_grad():
         for tensor in tensors:
             n = tensor.numel() * tensor.element_size()
-            chunk = received[offset:offset + n].view(tensor.dtype).view(tensor.shape)
-            tensor.copy_(chunk)
+            chunk = on_device[tensor.device][offset:offset + n]
+            tensor.copy_(chunk.view(tensor.dtype).view(tensor.shape))
             offset += n
 
 

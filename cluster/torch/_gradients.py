@@ -31,6 +31,14 @@ the parameter on every rank alike. This costs nothing extra: the flags travel in
 
 Gradient accumulation: inside :meth:`no_sync` the hooks do nothing, gradients accumulate in
 ``p.grad`` locally; the first backward outside it carries the accumulated sums.
+
+CUDA models: how a bucket travels is decided once, at construction
+(:mod:`cluster.torch._transfer`): CPU tensors are reduced in place as above (``HOST``); CUDA
+tensors go to the group as they are where each task has its own GPU and NCCL (``DEVICE``: the
+bucket's flat buffer lives on the GPU, results are copied into ``p.grad``), else through one
+pinned host buffer per bucket (``STAGED``: every gradient is copied into it asynchronously by
+its hook, the bucket waits for those copies when it starts, is reduced in place on the host,
+and :meth:`DistributedGradients.synchronize` copies the means back onto the GPU).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ import torch
 
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.work import Work
+from cluster.torch import _transfer
+from cluster.torch._transfer import Placement, Transfer
 
 __all__ = ["DistributedGradients", "bucket_plan", "group_of"]
 
@@ -124,10 +134,12 @@ class _Bucket:
     flat: torch.Tensor  # packed gradients, then one usage flag per parameter
     flags_at: int
     direct: list[int]  # positions (in params) of the direct parameters, in order
+    transfer: Transfer  # HOST/DEVICE: flat on the parameters' device; STAGED: pinned host
     sent: list[torch.Tensor | None] = field(default_factory=list)  # per direct: what travels
     ready: int = 0
     work: Work | None = None
     filled: set[int] = field(default_factory=set)  # indices (in params) with a gradient
+    streams: set[Any] = field(default_factory=set)  # STAGED: streams of this step's copies
 
 
 class DistributedGradients:
@@ -162,6 +174,13 @@ class DistributedGradients:
       deadline (``CommunicationOptions.timeout_seconds``). A failed collective raises the
       group's typed error (naming the peer and the call).
     - Unused parameters and accumulation: see the module docstring.
+    - Parameters on one device: the CPU, or one CUDA GPU (:func:`cluster.torch.device` gives a
+      task its own). For a CUDA model in several tasks the constructor is a collective (it
+      learns every task's GPU): build it at the same point on every task. How gradients travel
+      (NCCL, or pinned host staging) is :attr:`placement`; results are the same either way.
+    - Between ``backward()`` and ``synchronize()`` issue no other collective on the strategy's
+      group: buckets still waiting (unused parameters) start in ``synchronize()``, and every
+      rank must issue them at the same point of the group's order.
     - :meth:`remove` takes the hooks off (also on leaving a ``with`` block).
     """
 
@@ -179,29 +198,16 @@ class DistributedGradients:
         if not params:
             raise ValueError("DistributedGradients: the module has no parameter that requires "
                              "grad")
-        devices = {p.device.type for p in params}
-        if devices != {"cpu"}:
-            raise ValueError(f"DistributedGradients: parameters must be on the CPU (got "
-                             f"{sorted(devices)}); GPU tensors go through the collectives' "
-                             "NCCL path with get_replica_context().all_reduce")
+        self._placement = _transfer.plan(_one_device(params), self._group)
         plan = bucket_plan([(p.dtype, p.numel() * p.element_size()) for p in params],
                            int(bucket_cap_mb * _MB), int(first_bucket_mb * _MB))
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position)
         for b, indices in enumerate(plan):
             members = [params[i] for i in indices]
-            offsets, direct, total = [], [], 0
+            self._buckets.append(self._bucket(members, self._placement.for_dtype(members[0].dtype)))
             for position, p in enumerate(members):
                 self._where[id(p)] = (b, position)
-                if p.numel() * p.element_size() >= DIRECT_BYTES:
-                    offsets.append(-1)
-                    direct.append(position)
-                else:
-                    offsets.append(total)
-                    total += p.numel()
-            flat = torch.zeros(total + len(members), dtype=members[0].dtype)
-            self._buckets.append(_Bucket(members, offsets, flat, total, direct,
-                                         [None] * len(direct)))
         self._next = 0  # the first bucket not started this step
         self._syncing = True
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
@@ -211,6 +217,12 @@ class DistributedGradients:
                           for p in params]
 
     # -- public ----------------------------------------------------------------------------------
+
+    @property
+    def placement(self) -> Placement:
+        """The parameters' device and how their gradients travel (``placement.transfer``:
+        ``HOST``, ``DEVICE`` (NCCL) or ``STAGED`` (pinned host buffers)), with the reason."""
+        return self._placement
 
     @property
     def buckets(self) -> list[list[torch.nn.Parameter]]:
@@ -247,6 +259,10 @@ class DistributedGradients:
             for bucket in self._buckets:
                 assert bucket.work is not None
                 self._write_back(bucket, bucket.work.wait(timeout))
+            if any(b.transfer is Transfer.STAGED for b in self._buckets):
+                # The means are copied out of the pinned buffers asynchronously; the next
+                # step's copies (or zeros) may overwrite them only once that is done.
+                _transfer.finish_copies(self._placement.device)
         finally:
             self._reset()
 
@@ -265,6 +281,22 @@ class DistributedGradients:
         self.remove()
 
     # -- the hooks and the buckets ---------------------------------------------------------------
+
+    def _bucket(self, members: list[torch.nn.Parameter], transfer: Transfer) -> _Bucket:
+        """A bucket of ``members``: a slot in its flat buffer for each small gradient (every
+        gradient when staged: all of them cross to the host), the large ones direct."""
+        offsets, direct, total = [], [], 0
+        for position, p in enumerate(members):
+            if transfer is not Transfer.STAGED and p.numel() * p.element_size() >= DIRECT_BYTES:
+                offsets.append(-1)
+                direct.append(position)
+            else:
+                offsets.append(total)
+                total += p.numel()
+        size, dtype, device = total + len(members), members[0].dtype, self._placement.device
+        flat = (_transfer.host_buffer(size, dtype, device) if transfer is Transfer.STAGED
+                else torch.zeros(size, dtype=dtype, device=device))
+        return _Bucket(members, offsets, flat, total, direct, transfer, [None] * len(direct))
 
     def _before_grad(self, key: int, grad: torch.Tensor) -> None:
         """A gradient about to be accumulated into ``p.grad`` (``key`` = ``id(p)``): refused
@@ -308,7 +340,13 @@ class DistributedGradients:
             elif grad is None:
                 bucket.flat[start:start + p.numel()].zero_()
             else:
-                bucket.flat[start:start + p.numel()].copy_(grad.reshape(-1))
+                # Staged: a copy off the GPU into pinned memory, asynchronous on the current
+                # stream; the bucket waits for it when it starts (_start_ready).
+                bucket.flat[start:start + p.numel()].copy_(grad.reshape(-1), non_blocking=True)
+                if bucket.transfer is Transfer.STAGED:
+                    stream = _transfer.copy_stream(grad.device)
+                    if stream is not None:
+                        bucket.streams.add(stream)
             bucket.flat[bucket.flags_at + position] = 0 if grad is None else 1
         bucket.filled.add(position)
         bucket.ready += 1
@@ -320,12 +358,21 @@ class DistributedGradients:
             bucket = self._buckets[self._next]
             if bucket.ready < len(bucket.params):
                 return
-            bucket.work = self._group.all_reduce_many_async([bucket.flat, *bucket.sent],
-                                                            ReduceOp.MEAN, in_place=True)
+            values: list[Any] = [bucket.flat, *bucket.sent]
+            if bucket.transfer is Transfer.STAGED:
+                _transfer.wait_for(bucket.streams)  # the gradients' copies have landed
+                values = [_transfer.host_view(bucket.flat)]
+            # DEVICE: the group takes CUDA tensors as they are and returns new ones (NCCL
+            # writes fresh buffers), so the means are copied into p.grad by _write_back.
+            bucket.work = self._group.all_reduce_many_async(
+                values, ReduceOp.MEAN, in_place=bucket.transfer is not Transfer.DEVICE)
             self._next += 1
 
-    def _write_back(self, bucket: _Bucket, means: list[torch.Tensor]) -> None:
-        flat, direct = means[0], means[1:]
+    def _write_back(self, bucket: _Bucket, means: list[Any]) -> None:
+        # HOST and STAGED buckets were reduced in place (in flat, and the direct gradients);
+        # a DEVICE bucket's means are new tensors on the GPU.
+        flat = means[0] if bucket.transfer is Transfer.DEVICE else bucket.flat
+        direct = means[1:]
         with torch.no_grad():
             flags = flat[bucket.flags_at:].tolist()
             for position, p in enumerate(bucket.params):
@@ -337,12 +384,15 @@ class DistributedGradients:
                 else:
                     value = flat[start:start + p.numel()].view(p.shape)
                 if p.grad is None:
-                    # A direct result is the zeros tensor _fill sent, reduced in place: it
-                    # becomes p.grad as is; a slot of flat is cloned (else p.grad would keep
-                    # the whole bucket's buffer alive).
-                    p.grad = value if start < 0 else value.clone()
+                    # A direct result is the zeros tensor _fill sent, reduced in place, or the
+                    # collective's own new tensor: it becomes p.grad as is; a slot of flat is
+                    # copied (else p.grad would keep the whole bucket's buffer alive), onto
+                    # the GPU from a pinned buffer.
+                    p.grad = value if start < 0 else value.to(p.device, copy=True,
+                                                              non_blocking=True)
                 elif start >= 0 or value.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(value)  # a slot of flat, or a non-contiguous p.grad's copy
+                    # A slot of flat, a non-contiguous p.grad's copy, or a DEVICE mean.
+                    p.grad.copy_(value, non_blocking=True)
                 # else: the mean was written into p.grad itself, no copy
 
     def _reset(self) -> None:
@@ -350,5 +400,16 @@ class DistributedGradients:
             bucket.ready = 0
             bucket.work = None
             bucket.filled.clear()
+            bucket.streams.clear()
             bucket.sent = [None] * len(bucket.direct)
         self._next = 0
+
+
+def _one_device(params: list[torch.nn.Parameter]) -> torch.device:
+    """The one device of ``params``: the CPU or one CUDA GPU; ``ValueError`` otherwise."""
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) != 1 or params[0].device.type not in ("cpu", "cuda"):
+        raise ValueError(f"DistributedGradients: parameters must be on one device, the CPU or "
+                         f"one CUDA GPU (got {', '.join(devices)}); move the model with "
+                         "model.to(cluster.torch.device(strategy))")
+    return params[0].device

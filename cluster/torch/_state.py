@@ -34,7 +34,13 @@ DESCRIPTION = "description.json"
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor``'s values as NumPy: a view of a CPU tensor, a host copy of a GPU one."""
     return to_array(tensor.detach().cpu(), "checkpoint")[0]
+
+
+def _dtype(tensor: torch.Tensor) -> np.dtype:
+    """``tensor``'s NumPy dtype, without copying it off its device."""
+    return _numpy(torch.empty(0, dtype=tensor.dtype)).dtype
 
 
 def _torch(array: np.ndarray) -> torch.Tensor:
@@ -51,13 +57,15 @@ class StateDict:
     >>> ckpt = Checkpoint(model=StateDict(model, strategy),                 # doctest: +SKIP
     ...                   optimizer=StateDict(optimizer, strategy), step=step)
 
-    - Save reads the live state (no copy for CPU tensors). Under a multi-worker ``strategy``
+    - Save reads the live state (no copy for CPU tensors; a GPU tensor is copied to the host
+      when it is written). Under a multi-worker ``strategy``
       (default: the current one) every task calls save and the chief writes, as for variables;
       the replicas are identical (``DistributedGradients``), so the chief's state is everyone's.
     - Restore is strict and all-or-nothing, as for every trackable: the checkpoint must hold
       exactly this module's ``state_dict`` keys with the same dtypes and shapes (``ValueError``
       naming what differs, before anything changes); module tensors are written in place
-      (``copy_``), an optimizer gets ``load_state_dict`` (state created if it had none yet).
+      (``copy_``, onto whatever device each is on), an optimizer gets ``load_state_dict``
+      (state created if it had none yet, on its parameters' devices, as torch places it).
     """
 
     def __init__(self, obj: Any, strategy: Any = None) -> None:
@@ -76,7 +84,7 @@ class StateDict:
 
     def _checkpoint_save(self, path: str) -> list[Entry]:
         tensors, description = _flat.flatten(self._obj, f"Checkpoint at {path}")
-        entries = [Entry(f"{path}/{name}", _numpy(t).dtype, tuple(t.shape),
+        entries = [Entry(f"{path}/{name}", _dtype(t), tuple(t.shape),
                          lambda t=t: _numpy(t), _unused)
                    for name, t in tensors.items()]
         if self._kind == "optimizer":
@@ -101,7 +109,7 @@ class StateDict:
                     tensor.copy_(_torch(array))
             return write
 
-        return [Entry(f"{path}/{name}", _numpy(t).dtype, tuple(t.shape), lambda t=t: _numpy(t),
+        return [Entry(f"{path}/{name}", _dtype(t), tuple(t.shape), lambda t=t: _numpy(t),
                       apply(t)) for name, t in tensors.items()]
 
     def _restore_optimizer(self, path: str, saved: dict[str, np.ndarray]) -> list[Entry]:

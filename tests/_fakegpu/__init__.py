@@ -5,9 +5,9 @@ NCCL set-up, the host paths carrying GPU values) in real processes, here, where 
 It is test code and never ships: ``tests/_fakegpu`` is not part of any package.
 
 ``PYTHONPATH=tests/_fakegpu python -m worker ...`` imports the ``cupy`` and ``cupyx`` packages
-of this folder, which load the strict fake of :mod:`tests._fakegpu.fakecuda` (no implicit NumPy
-conversion, CuPy 14's bytes NCCL ids, pinned host memory, streams and events), over host memory.
-The environment shapes the machine:
+of this folder, which load the strict fake of :mod:`tests._fakegpu.fakecuda` over host memory
+(no implicit NumPy conversion, each version's NCCL id type, pinned host memory, streams and
+events). The environment shapes the machine:
 
 - ``CLUSTER_FAKE_GPUS``: GPUs installed (default 1); ``CUDA_VISIBLE_DEVICES`` selects among
   them as the CUDA driver does (``cupy.cuda.runtime.getDeviceCount()`` counts what it leaves);
@@ -18,6 +18,11 @@ names a root in the process that made it, which the other ranks join, as real NC
 the root's bootstrap socket. So tasks that each take their own GPU (``CUDA_VISIBLE_DEVICES``
 per task, or local rank r on GPU r) run NCCL among themselves, and tasks sharing a GPU take the
 host paths, as on a real GPU host.
+
+A whole test run can take the machine too: ``PYTHONPATH=tests/_fakegpu CLUSTER_FAKE_GPUS=2
+uv run pytest -m gpu tests/...`` runs the tests marked ``gpu`` on it, and without ``-m gpu``
+it shows which of the others a GPU host would fail (tests that install their own fake CuPy
+replace the machine's for their duration).
 
 In tests, :func:`fake_gpu_env` gives the environment, and the ``fake_gpu`` fixture (import it
 into a ``conftest.py``) starts processes on the machine, reaped when the test ends::

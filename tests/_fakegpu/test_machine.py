@@ -3,6 +3,8 @@ for, ``CUDA_VISIBLE_DEVICES`` read as the driver reads it, the CuPy version's NC
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests._fakegpu import fake_gpu_env, run_on_fake_gpu
@@ -68,7 +70,7 @@ from cluster.collectives.nccl import NcclComm, unique_id
 rank = int(sys.argv[1])
 if rank == 0:
     uid = unique_id()
-    print("id", uid.hex(), flush=True)
+    print(f"uid={uid.hex()}=uid", flush=True)
 else:
     uid = bytes.fromhex(sys.argv[2])
 with NcclComm(2, uid, rank, 0, timeout_seconds=30) as comm, cupy.cuda.Device(0):
@@ -84,9 +86,8 @@ def test_nccl_ranks_in_two_processes_meet_through_the_unique_id(fake_gpu, cupy) 
     """One process per GPU, as torchrun or Slurm start them: each task sees its own GPU as
     device 0 (``CUDA_VISIBLE_DEVICES``), rank 0 makes the id, the other joins with it."""
     first = fake_gpu.python("-c", RANK, "0", gpus=2, visible="0", cupy=cupy)
-    uid = first.read_until("id ", timeout=30).split("id ")[1].split()[0]
-    second = fake_gpu.python("-c", RANK, "1", uid, gpus=2, visible="1", cupy=cupy)
-    assert (first.wait(40), second.wait(40)) == (0, 0), first.output + second.output
+    second = fake_gpu.python("-c", RANK, "1", _uid(first), gpus=2, visible="1", cupy=cupy)
+    assert (first.wait(60), second.wait(60)) == (0, 0), first.output + second.output
     assert "result 0000:10:00.0 [0.0, 3.0, 6.0, 9.0] [1, 1]" in first.output
     assert "result 0000:11:00.0 [0.0, 3.0, 6.0, 9.0] [1, 1]" in second.output
 
@@ -94,7 +95,13 @@ def test_nccl_ranks_in_two_processes_meet_through_the_unique_id(fake_gpu, cupy) 
 def test_a_rank_that_leaves_fails_the_others_call(fake_gpu) -> None:
     leaving = RANK.replace("    total = comm", "    sys.exit(3)\n    total = comm")
     first = fake_gpu.python("-c", RANK, "0", gpus=2, visible="0")
-    uid = first.read_until("id ", timeout=30).split("id ")[1].split()[0]
-    second = fake_gpu.python("-c", leaving, "1", uid, gpus=2, visible="1")
-    assert second.wait(40) == 3
-    assert first.wait(40) == 1 and "a remote rank left" in first.output
+    second = fake_gpu.python("-c", leaving, "1", _uid(first), gpus=2, visible="1")
+    assert second.wait(60) == 3, second.output
+    assert first.wait(60) == 1 and "a remote rank left" in first.output, first.output
+
+
+def _uid(task) -> str:
+    """The unique id rank 0's process printed (waiting for its end: output comes in chunks)."""
+    found = re.search(r"uid=([0-9a-f]{256})=uid", task.read_until("=uid", timeout=60))
+    assert found, task.output
+    return found.group(1)

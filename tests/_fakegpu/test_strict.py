@@ -125,3 +125,19 @@ def test_devices_are_the_visible_ones(fake: FakeCuda) -> None:
         assert fake.cuda.Device().id == 1 and fake.cupy.zeros(1).device.id == 1
     assert fake.cupy.get_array_module(fake.cupy.zeros(1)) is fake.cupy
     assert fake.cupy.get_array_module(np.zeros(1)) is np
+
+
+def test_dlpack_and_copies(fake: FakeCuda) -> None:
+    import copy
+    import pickle
+
+    x = fake.cupy.arange(3.0)
+    assert fake.cupy.from_dlpack(x) is x and x.__dlpack_device__() == (2, 0)
+    with pytest.raises(TypeError, match="CPU arrays cannot be directly imported to CuPy"):
+        fake.cupy.from_dlpack(np.arange(3.0))
+    with pytest.raises(BufferError):
+        np.from_dlpack(x)
+    assert x.astype(np.float64, copy=False) is x
+    for clone in (copy.deepcopy(x), pickle.loads(pickle.dumps(x))):
+        assert isinstance(clone, fake.cupy.ndarray) and clone.get().tolist() == [0.0, 1.0, 2.0]
+        assert clone.data.ptr != x.data.ptr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.collectives.options import PATH_ENV, CollectivePath, CollectiveSettings
+from tests._fakegpu import fake_gpu  # noqa: F401  (a fixture: tasks on the fake GPU machine)
 
 from . import _threads
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 
@@ -14,6 +10,7 @@ from cluster.collectives import ReduceOp
 from cluster.collectives._packing import describe, pack, plan_packs, unpack
 from tests._requires import require_cupy
 
+from ._fake_cupy import FakeArray, FakeCuda, host
 from ._threads import make_groups, run_ranks
 
 # -- families ------------------------------------------------------------------------------------
@@ -52,46 +49,19 @@ def test_lists_and_bools_are_staged_with_tensorflows_dtypes() -> None:
     assert stage(True).array.dtype == np.bool_
 
 
-class _FakeCupyArray:
-    """Just enough of cupy.ndarray: dtype, shape, a device id and host conversion through the
-    module (no ``cupy.cuda.nccl``: a CuPy without NCCL, so values are staged on the host)."""
-
-    def __init__(self, host: np.ndarray, device: int) -> None:
-        self.host = host
-        self.device = types.SimpleNamespace(id=device)
-        self.dtype, self.shape = host.dtype, host.shape
-
-
-def _fake_cupy() -> types.ModuleType:
-    cupy = types.ModuleType("cupy")
-    current = {"device": 0}
-
-    @contextmanager
-    def device(device_id: int):
-        previous, current["device"] = current["device"], device_id
-        try:
-            yield
-        finally:
-            current["device"] = previous
-
-    cupy.ndarray = _FakeCupyArray
-    cupy.asnumpy = lambda a: a.host.copy()
-    cupy.asarray = lambda a: _FakeCupyArray(np.asarray(a), current["device"])
-    cupy.cuda = types.SimpleNamespace(Device=device)
-    return cupy
-
-
 def test_cupy_arrays_are_staged_through_the_host_and_return_on_their_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    """A CuPy without NCCL: values are staged on the host, results come back on each GPU."""
+    fake = FakeCuda(gpus=2).install(monkeypatch)
+    fake.nccl.available = False  # CuPy keeps the module when libnccl is missing
     hub, groups = make_groups(2)
-    inputs = [_FakeCupyArray(np.full(3, r + 1.0, np.float32), device=r) for r in range(2)]
+    inputs = [fake.array(np.full(3, r + 1.0, np.float32), device=r) for r in range(2)]
     results = run_ranks(lambda r: groups[r].all_reduce(inputs[r], ReduceOp.SUM), 2)
     for r, out in enumerate(results):
-        assert isinstance(out, _FakeCupyArray) and out.device.id == r
-        assert out.host.dtype == np.float32 and out.host.tolist() == [3.0, 3.0, 3.0]
-    assert inputs[0].host.tolist() == [1.0, 1.0, 1.0]  # the caller's device array is untouched
+        assert isinstance(out, FakeArray) and out.device.id == r
+        assert out.dtype == np.float32 and host(out).tolist() == [3.0, 3.0, 3.0]
+    assert host(inputs[0]).tolist() == [1.0, 1.0, 1.0]  # the caller's device array is untouched
 
 
 @pytest.mark.gpu

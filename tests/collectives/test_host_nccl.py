@@ -93,16 +93,17 @@ def test_each_task_seeing_its_own_gpu_as_device_0_is_ready(
 
 # -- the decision, logged once ---------------------------------------------------------------
 
-OFF_SHARED = ("NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 (one GPU per "
-              "task needed); the host path carries GPU values")
+OFF_SHARED = ("NCCL off among 2 local ranks: local ranks 0 and 1 both on GPU 0 at 0000:10:00.0 "
+              "(one GPU per task needed); the host path carries GPU values")
 
 
 @pytest.mark.parametrize(("devices", "want"), [
     ([0, 0], (False, OFF_SHARED)),
-    ([0, 1], (True, "NCCL on among 2 local ranks, one GPU each (local rank 0 on GPU 0, local "
-                    "rank 1 on GPU 1)")),
-    ([1, 0, 1, 1], (False, "NCCL off among 4 local ranks: local ranks 0, 2 and 3 all on GPU 1 "
-                           "(one GPU per task needed); the host path carries GPU values")),
+    ([0, 1], (True, "NCCL on among 2 local ranks, one GPU each (local rank 0 on GPU 0 at "
+                    "0000:10:00.0, local rank 1 on GPU 1 at 0000:11:00.0)")),
+    ([1, 0, 1, 1], (False, "NCCL off among 4 local ranks: local ranks 0, 2 and 3 all on GPU 1 at "
+                           "0000:11:00.0 (one GPU per task needed); the host path carries GPU "
+                           "values")),
 ])
 def test_the_decision_and_its_reason_are_logged_once_by_local_rank_0(
     fake: FakeCuda, caplog: pytest.LogCaptureFixture, devices: list[int], want: tuple
@@ -128,7 +129,7 @@ def test_ranks_without_nccl_are_named() -> None:
 def test_the_pci_address_decides_over_the_device_id() -> None:
     assert nccl_decision([0, 0], [True, True], [0x3B0000, 0x3C0000])[0] is True
     assert nccl_decision([0, 1], [True, True], [0x3B0000, 0x3B0000]) == (
-        False, OFF_SHARED.replace("GPU 0", "one GPU (devices 0, 1 of their tasks)"))
+        False, OFF_SHARED.replace("GPU 0 at 0000:10:00.0", "one GPU (devices 0, 1 of their tasks)"))
 
 
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
@@ -287,3 +288,46 @@ def test_group_all_reduce_of_gpu_arrays_runs_nccl_inside_the_host(
     assert len(reductions) == world  # every rank's GPU took part in one NCCL all-reduce
     broadcasts = [call for call in fake.calls if call[0] in ("broadcast", "bcast")]
     assert len(broadcasts) == (world if len(set(hosts)) > 1 else 0)  # the leaders' result
+
+
+# -- tasks on the fake GPU machine -----------------------------------------------------------------
+
+TASK = """
+import logging
+
+import cupy
+
+import cluster.runtime
+from cluster.collectives import CollectiveGroup
+
+logging.getLogger("cluster.collectives.host_nccl").setLevel(logging.INFO)
+rt = cluster.runtime.current() or cluster.runtime.start()
+group = CollectiveGroup(rt.collective_transport(), settings=rt.settings.collectives)
+with cupy.cuda.Device(0):
+    total = group.all_reduce(cupy.arange(4, dtype=cupy.float32) * (rt.task_id + 1), "SUM")
+print("total", type(total).__name__, total.device.id, total.get().tolist(), flush=True)
+group.barrier()
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["a GPU per task", "one GPU shared"])
+def test_two_tasks_decide_by_their_gpus_and_rank_0_says_why(fake_gpu, tmp_path, layout) -> None:
+    """Two ``python -m worker`` tasks on one fake GPU host. Each seeing its own GPU as device 0
+    (``CUDA_VISIBLE_DEVICES`` per task, as Kubernetes and Slurm set it): NCCL between the two
+    processes. Both on the one GPU: the host path. Either way the result is exact, on the GPU."""
+    from cluster.testing import loopback_cluster, tf_config
+
+    script = tmp_path / "task.py"
+    script.write_text(TASK)
+    spec = loopback_cluster(worker=2)
+    own = layout == "a GPU per task"
+    tasks = [fake_gpu.python("-m", "worker", script, tf_config=tf_config(spec, "worker", i),
+                             gpus=2 if own else 1, visible=str(i) if own else None)
+             for i in range(2)]
+    assert [t.wait(90) for t in tasks] == [0, 0], [t.output for t in tasks]
+    for t in tasks:
+        assert "total FakeArray 0 [0.0, 3.0, 6.0, 9.0]" in t.output
+    want = ("NCCL on among 2 local ranks, one GPU each (local rank 0 on GPU 0 at 0000:10:00.0, "
+            "local rank 1 on GPU 0 at 0000:11:00.0)" if own else OFF_SHARED)
+    assert want in tasks[0].output and "host_nccl" not in tasks[1].output

@@ -252,3 +252,124 @@ def test_a_second_backward_is_refused_before_it_touches_a_gradient_being_reduced
     assert e0 and "synchronize()" in e0 and e1 and "synchronize()" in e1
     assert np.array_equal(g0, g1)
     np.testing.assert_allclose(g0, (l0 + l1) / 2, rtol=0, atol=1e-6)  # the first backward's
+
+
+def _plain_net():
+    from torch import nn
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.never = nn.Linear(6, 4)  # no rank uses it
+            self.branch = nn.Linear(16, 4)  # only rank 1 uses it
+            self.fc1 = nn.Linear(6, 16)
+            self.fc2 = nn.Linear(16, 4)
+
+        def forward(self, x, use_branch: bool):
+            h = torch.tanh(self.fc1(x))
+            return self.fc2(h) + self.branch(h) if use_branch else self.fc2(h)
+
+    return Plain()
+
+
+STEPS, ROWS = 4, 16
+
+
+def _global_batch(step: int):
+    return torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(1000 + step))
+
+
+def _transfer_ranks(transport):
+    import torch
+
+    import cluster
+    import cluster.torch as ct
+    from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
+    from cluster.torch import _gradients, _transfer
+    from cluster.torch._transfer import Placement, Transfer
+
+    torch.set_num_threads(1)
+    rank = transport.rank
+    strategy = MultiWorkerMirroredStrategy._from_transport(
+        transport, devices=["/cpu:0"],
+        communication_options=cluster.CommunicationOptions(timeout_seconds=60))
+    group = strategy.extended.collective_group
+    out: dict = {"local": ct._device.local_rank(group), "on": str(ct.device(strategy))}
+
+    # The decision for a CUDA model, on device descriptions (no GPU needed): each is a
+    # collective that gathers every rank's GPU and NCCL, with the hosts the group found.
+    def decide(index: int, nccl: bool) -> tuple[str, str]:
+        _transfer._nccl_available = lambda: nccl
+        placement = _transfer.plan(torch.device("cuda", index), group)
+        return placement.transfer.value, placement.reason
+
+    out["no_nccl"] = decide(rank, False)
+    out["own_gpus"] = decide(rank, True)
+    out["one_gpu"] = decide(0, True)
+
+    # Every transfer's bucket code on CPU tensors (forced), trained like one process.
+    _gradients.DIRECT_BYTES = 96  # the four weights travel direct, the biases packed
+    for transfer in Transfer:
+        _transfer.plan = lambda device, group, t=transfer: Placement(device, t, "forced")
+        torch.manual_seed(rank)  # different everywhere: the broadcast makes them rank 0's
+        model = _plain_net()
+        ct.broadcast_module(model, strategy)
+        grads = ct.DistributedGradients(model, strategy, bucket_cap_mb=0.0003,
+                                        first_bucket_mb=0.0002)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        started = []
+        for step in range(STEPS):
+            x = _global_batch(step)[rank * ROWS // 2:(rank + 1) * ROWS // 2]
+            model(x, rank == 1).square().mean().backward()
+            started.append(grads.started)
+            grads.synchronize()
+            optimizer.step()
+            optimizer.zero_grad()
+        grads.remove()
+        out[transfer.value] = {
+            "started": min(started), "buckets": len(grads.buckets),
+            "direct": sum(len(b.direct) for b in grads._buckets),
+            "params": [p.detach().clone().numpy() for p in model.parameters()],
+        }
+    return out
+
+
+def test_every_transfer_trains_two_processes_like_one():
+    outcomes = run_group(_transfer_ranks, 2, timeout=240)
+    assert all(o.ok for o in outcomes), [(o.error_type, o.error, o.traceback) for o in outcomes]
+    r0, r1 = (o.result for o in outcomes)
+    assert (r0["local"], r1["local"]) == ((0, 2), (1, 2))  # one host: local ranks 0 and 1
+    assert r0["on"] == r1["on"] == "cpu"
+    for key, transfer, reason in [("no_nccl", "staged", "rank(s) 0, 1"),
+                                  ("own_gpus", "device", "NCCL among each host's GPUs"),
+                                  ("one_gpu", "staged", "ranks 0 and 1 share GPU 0")]:
+        assert r0[key] == r1[key], key  # every rank decides alike
+        assert r0[key][0] == transfer and reason in r0[key][1], (key, r0[key])
+
+    # One plain torch process on the global batches (rank 1's rows use the branch).
+    torch.manual_seed(0)
+    model = _plain_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x = _global_batch(step)
+        half = ROWS // 2
+        loss = (model(x[:half], False).square().mean()
+                + model(x[half:], True).square().mean()) / 2
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    expected = [p.detach().numpy() for p in model.parameters()]
+
+    host = r0["host"]["params"]
+    for transfer in ("host", "staged", "device"):
+        a, b = r0[transfer], r1[transfer]
+        assert a["started"] >= 1, transfer  # buckets start during backward
+        assert a["direct"] == (0 if transfer == "staged" else 4), transfer
+        for name, p0, p1, want, h in zip(("never.w", "never.b", "branch.w", "branch.b",
+                                          "fc1.w", "fc1.b", "fc2.w", "fc2.b"),
+                                         a["params"], b["params"], expected, host,
+                                         strict=True):
+            assert np.array_equal(p0, p1), (transfer, name)  # bitwise identical replicas
+            assert np.array_equal(p0, h), (transfer, name)  # every transfer: the same bytes
+            np.testing.assert_allclose(p0, want, rtol=0, atol=1e-6,
+                                       err_msg=f"{transfer} {name}")

@@ -304,14 +304,14 @@ def ascontiguousarray(a: Any, dtype: Any = None) -> FakeArray:
 
 
 def from_dlpack(array: Any, *, device: Any = None, copy: Any = None) -> FakeArray:
-    """``cupy.from_dlpack``: a CuPy array as itself; host (CPU) producers are refused, as
-    CuPy refuses a DLPack capsule of another device type."""
+    """``cupy.from_dlpack``: a CuPy array as itself; CPU producers get CuPy's ``TypeError``;
+    other GPU producers (torch CUDA tensors) cannot exist on the fake machine."""
     if isinstance(array, FakeArray):
         return array
-    if not hasattr(array, "__dlpack__"):
-        raise TypeError(f"object of type {type(array).__name__} has no __dlpack__")
-    raise BufferError("CuPy can only import DLPack tensors on CUDA devices (the fake imports "
-                      "none from outside it)")
+    if array.__dlpack_device__()[0] == 1:  # kDLCPU
+        raise TypeError("CPU arrays cannot be directly imported to CuPy. Use "
+                        "`cupy.array(numpy.from_dlpack(input))` instead.")
+    raise BufferError("the fake GPU machine imports no DLPack tensor from outside it")
 
 
 def get_array_module(*args: Any) -> types.ModuleType:
@@ -321,11 +321,18 @@ def get_array_module(*args: Any) -> types.ModuleType:
     return np
 
 
-def numpy_function(name: str) -> Any:
+def numpy_function(name: str, namespace: Any = np) -> Any:
     """``cupy.NAME`` for the rest of NumPy's namespace: dtypes and constants as they are,
-    functions run by NumPy on the arrays' memory with results on the current device. Like
-    CuPy's, they refuse NumPy arrays (``TypeError: Unsupported type``)."""
-    value = getattr(np, name)  # AttributeError, as for a missing module attribute
+    functions run by NumPy on the arrays' memory with results on the current device, modules
+    (``cupy.linalg``, ``cupy.random``) wrapped alike. Like CuPy's, the functions refuse NumPy
+    arrays (``TypeError: Unsupported type``). ``cupy.testing`` compares host copies."""
+    if namespace is np and name == "testing":
+        return _testing()
+    value = getattr(namespace, name)  # AttributeError, as for a missing module attribute
+    if isinstance(value, types.ModuleType):
+        module = types.ModuleType(f"cupy.{name}")
+        module.__getattr__ = lambda attr: numpy_function(attr, value)
+        return module
     if not callable(value) or isinstance(value, type):
         return value
 
@@ -335,6 +342,20 @@ def numpy_function(name: str) -> Any:
 
     function.__name__ = name
     return function
+
+
+def _testing() -> types.ModuleType:
+    """``cupy.testing``: NumPy's assertions on host copies of CuPy (or NumPy) arrays."""
+    module = types.ModuleType("cupy.testing")
+    for name in ("assert_array_equal", "assert_allclose", "assert_array_almost_equal",
+                 "assert_array_less"):
+        check = getattr(np.testing, name)
+
+        def assertion(x: Any, y: Any, *args: Any, check: Any = check, **kwargs: Any) -> None:
+            check(asnumpy(x), asnumpy(y), *args, **kwargs)
+
+        setattr(module, name, assertion)
+    return module
 
 
 # -- the fake GPU machine of a process -------------------------------------------------------

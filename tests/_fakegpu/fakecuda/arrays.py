@@ -170,6 +170,9 @@ class FakeArray(NDArrayOperatorsMixin):
         out._init(host, device)
         return out
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FakeArray.over, (self.get(), self._device_id))  # CuPy pickles a host copy
+
     def _init(self, host: np.ndarray, device: int) -> None:
         self._host, self._device_id = host, device
         key = id(self)
@@ -302,7 +305,7 @@ class FakeArray(NDArrayOperatorsMixin):
 
         def method(*args: Any, **kwargs: Any) -> Any:
             out = value(*unwrap(list(args)), **{k: unwrap(v) for k, v in kwargs.items()})
-            return wrap(out, device)
+            return self if out is self._host else wrap(out, device)  # astype(copy=False) & co
 
         return method
 
