@@ -34,7 +34,7 @@ import numpy as np
 
 from cluster._family import Family, family_of, is_cupy, on_device_of, to_array, to_host
 from cluster.collectives import kernels, nccl
-from cluster.collectives.epilogue import Update, apply_reduced
+from cluster.collectives.epilogue import Update
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.collectives.options import CommunicationOptions
@@ -167,10 +167,9 @@ class CrossDeviceOps(ABC):
         components' shape and dtype and shares no memory with them (the strategy checks).
 
         Returns whether the update was fused with the reduction. This default is the unfused
-        route, for any ops: :meth:`batch_reduce_components`, then the update per target
-        (:func:`~cluster.collectives.epilogue.apply_reduced`: on a GPU, SGD's update as one
-        CuPy kernel); it returns ``False``. Ops with a fused route override it and return
-        ``True`` where they took it.
+        route, for any ops: :meth:`batch_reduce_components`, then the update per target (on a
+        GPU, SGD's update as one CuPy kernel); it returns ``False``. Ops with a fused route
+        override it and return ``True`` where they took it.
         """
         reduced = self.batch_reduce_components(ReduceOp.SUM, values, num_replicas_in_sync,
                                                options)
@@ -204,6 +203,37 @@ class CrossDeviceOps(ABC):
         return [Mirrored(r) for r in reduced]
 
 
+def _apply_reduced(update: Update, target: Any, reduced: Any, *, scratch: bool) -> None:
+    """The unfused epilogue on any device: ``update(target, reduced)`` over the whole ``target``
+    (NumPy, or CuPy on its GPU), with the SUM ``reduced`` of its gradient (any device: copied
+    to the target's where it lives elsewhere).
+
+    On a GPU an :class:`~cluster.collectives.epilogue.AddScaled` is one elementwise kernel
+    (:func:`~cluster.collectives.kernels.sum_add_scaled_on_gpu`); other updates get
+    ``update`` itself. ``scratch``: whether ``reduced`` may be overwritten (the update's
+    scratch); when not, the update gets a copy.
+    """
+    target_on_gpu = is_cupy(target)
+    if target_on_gpu != is_cupy(reduced) or (
+            target_on_gpu and reduced.device.id != target.device.id):
+        reduced, scratch = _moved_to_target(reduced, target), True
+    if target_on_gpu and kernels.sum_add_scaled_on_gpu(update, [reduced], target):
+        return
+    if not scratch:
+        reduced = reduced.copy()
+    update(target.reshape(-1), reduced.reshape(-1))
+
+
+def _moved_to_target(reduced: Any, target: Any) -> Any:
+    """``reduced`` copied onto ``target``'s device (its GPU, or the host)."""
+    if is_cupy(reduced) and not is_cupy(target):
+        return sys.modules["cupy"].asnumpy(reduced)
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(target.device.id):
+        # cupy.asarray would return a CuPy array of another GPU as it is: copy it across.
+        return cupy.array(reduced, copy=True) if is_cupy(reduced) else cupy.asarray(reduced)
+
+
 def _apply_each(update: Update, targets: ComponentsLike, per_replica: Sequence[Any]) -> None:
     """``update`` of each target with its replica's result; a result that serves several
     replicas is the update's scratch only at its last use."""
@@ -212,7 +242,7 @@ def _apply_each(update: Update, targets: ComponentsLike, per_replica: Sequence[A
         uses[id(r)] = uses.get(id(r), 0) + 1
     for target, r in zip(targets, per_replica, strict=True):
         uses[id(r)] -= 1
-        apply_reduced(update, target, r, scratch=uses[id(r)] == 0)
+        _apply_reduced(update, target, r, scratch=uses[id(r)] == 0)
 
 
 def _gpu_sums(update: Update, values: Sequence[ComponentsLike], targets: Sequence[ComponentsLike]
@@ -379,7 +409,7 @@ class CollectiveAllReduce(CrossDeviceOps):
             if self._group.world_size > 1 else grads
         for total, target in zip(totals, flat, strict=True):
             if not kernels.sum_add_scaled_on_gpu(update, [total], target):
-                apply_reduced(update, target, total, scratch=total is not target)
+                _apply_reduced(update, target, total, scratch=total is not target)
         return True
 
     def _local_total(self, op: ReduceOp, components: ComponentsLike,

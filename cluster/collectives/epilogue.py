@@ -25,7 +25,6 @@ pass with the reduction (:mod:`cluster.collectives.kernels`); any other callable
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from cluster._family import is_cupy, stage
 from cluster.collectives._jobs import on_gpu
 from cluster.collectives.ops import check_reducible
 
-__all__ = ["AddScaled", "Update", "apply_reduced", "apply_whole", "check_apply", "check_target"]
+__all__ = ["AddScaled", "Update", "apply_whole", "check_apply", "check_target"]
 
 Update = Callable[[np.ndarray, np.ndarray], None]
 """``update(target_part, reduced_part)``: flat, equal-length NumPy views; updates the first,
@@ -63,39 +62,6 @@ class AddScaled:
 def apply_whole(update: Update, target: np.ndarray, reduced: np.ndarray) -> None:
     """The unfused epilogue: ``update`` over the whole flat ``target`` with ``reduced``."""
     update(target.reshape(-1), reduced.reshape(-1))
-
-
-def apply_reduced(update: Update, target: Any, reduced: Any, *, scratch: bool) -> None:
-    """The unfused epilogue on any device: ``update(target, reduced)`` over the whole ``target``
-    (NumPy, or CuPy on its GPU), with the SUM ``reduced`` of its gradient (any device: copied
-    to the target's where it lives elsewhere).
-
-    On a GPU an :class:`AddScaled` is one elementwise kernel
-    (:func:`~cluster.collectives.kernels.sum_add_scaled_on_gpu`); other updates get
-    ``update`` itself. ``scratch``: whether ``reduced`` may be overwritten (the update's
-    scratch); when not, the update gets a copy.
-    """
-    from cluster.collectives import kernels  # kernels imports this module
-
-    target_on_gpu = is_cupy(target)
-    if target_on_gpu != is_cupy(reduced) or (
-            target_on_gpu and reduced.device.id != target.device.id):
-        reduced, scratch = _moved(reduced, target), True
-    if target_on_gpu and kernels.sum_add_scaled_on_gpu(update, [reduced], target):
-        return
-    if not scratch:
-        reduced = reduced.copy()
-    update(target.reshape(-1), reduced.reshape(-1))
-
-
-def _moved(reduced: Any, target: Any) -> Any:
-    """``reduced`` copied onto ``target``'s device (its GPU, or the host)."""
-    if is_cupy(reduced) and not is_cupy(target):
-        return sys.modules["cupy"].asnumpy(reduced)
-    cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(target.device.id):
-        # cupy.asarray would return a CuPy array of another GPU as it is: copy it across.
-        return cupy.array(reduced, copy=True) if is_cupy(reduced) else cupy.asarray(reduced)
 
 
 def check_apply(values: Any, targets: Any,
