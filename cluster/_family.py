@@ -10,6 +10,10 @@ the host and its result copied back onto its GPU. :func:`to_host` / :func:`on_de
 two copies themselves; given a :class:`~cluster._staging.Staging`, they go through its pinned,
 reused buffers and copy streams (the collective groups' way), else through pageable memory.
 
+:func:`family_of` decides a value's family once, where it enters a strategy, as a :class:`Family`
+(the array module, the GPU, the way back) that is carried down with its arrays instead of being
+decided again at every layer.
+
 One dtype rule everywhere, TensorFlow's (``tf.convert_to_tensor``, which ``all_reduce`` applies
 to a Python value): ``float`` -> float32, ``int`` -> int32 (int64 when it does not fit), ``bool``
 -> bool; NumPy values keep their dtype. CuPy is never imported here: a CuPy array exists only once
@@ -29,8 +33,10 @@ if TYPE_CHECKING:
     from cluster._staging import Staging
 
 __all__ = [
+    "Family",
     "Staged",
     "asarray_like_tf",
+    "family_of",
     "is_cupy",
     "on_device_of",
     "restore_for",
@@ -114,6 +120,36 @@ def to_array(value: Any, what: str = "") -> tuple[Any, Callable[[Any], Any]]:
         "NumPy arrays and scalars, Python numbers, CuPy arrays, and arrays exporting DLPack "
         "(__dlpack__, e.g. torch tensors). Convert it first, e.g. np.asarray(value)"
     )
+
+
+@dataclass(frozen=True)
+class Family:
+    """A value's array family, decided once where it enters a strategy (:func:`family_of`).
+
+    - ``xp``: the array module that computes on its arrays (``numpy`` or ``cupy``);
+    - ``device``: the GPU of a CuPy value, ``None`` in host memory;
+    - ``restore``: turns a NumPy/CuPy result of the same shape back into the caller's family
+      (a torch tensor comes back a torch tensor, a Python number a NumPy scalar).
+    """
+
+    xp: Any
+    device: int | None
+    restore: Callable[[Any], Any]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device is not None
+
+
+def family_of(value: Any, what: str = "") -> tuple[Any, Family]:
+    """``(array, family)``: ``value`` as :func:`to_array` views it, and its :class:`Family`.
+
+    Raises ``TypeError`` as :func:`to_array` does for a value of no supported family.
+    """
+    array, restore = to_array(value, what)
+    if is_cupy(array):
+        return array, Family(_cupy(), array.device.id, restore)
+    return array, Family(np, None, restore)
 
 
 def _from_dlpack(value: Any) -> tuple[Any, Callable[[Any], Any]]:

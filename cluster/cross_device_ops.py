@@ -13,19 +13,28 @@ order by one thread, and the cross-process collectives give every rank the same 
   fused into ``bytes_per_pack`` packs), give the result to every local replica.
 
 Inject one with ``MirroredStrategy(cross_device_ops=...)``, as in TensorFlow.
+
+Besides reducing, every ops applies an elementwise update with the reduced gradients
+(:meth:`CrossDeviceOps.reduce_and_update`, what ``optimizer.apply_gradients`` of plain SGD runs):
+one plan, SUM then ``update(target, summed)`` on every replica's copy, with two fused routes,
+host memory (the update runs where each segment's reduction completes,
+:meth:`CollectiveGroup.all_reduce_apply`) and the GPU (the reduction on the device, then sum,
+scale and add in one CuPy kernel, :func:`~cluster.collectives.kernels.sum_add_scaled_on_gpu`),
+and the unfused one (reduce, then the update) for anything else.
 """
 
 from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cluster._family import is_cupy, on_device_of, to_array, to_host, xp_of
-from cluster.collectives import nccl
+from cluster._family import Family, family_of, is_cupy, on_device_of, to_array, to_host
+from cluster.collectives import kernels, nccl
+from cluster.collectives.epilogue import Update
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.ops import ReduceOp, finalize
 from cluster.collectives.options import CommunicationOptions
@@ -33,18 +42,54 @@ from cluster.values import DistributedValues, Mirrored
 
 __all__ = [
     "CollectiveAllReduce",
+    "Components",
     "CrossDeviceOps",
     "NcclAllReduce",
     "ReductionToOneDevice",
+    "components_of",
 ]
 
-Components = Sequence[Any]
+
+class Components(tuple):
+    """One value's local components (arrays, one per local replica, in replica order) and its
+    :class:`~cluster._family.Family`, decided once where the value entered the strategy, from
+    the first replica's component (the family results go back in).
+
+    A tuple, so ops written for plain sequences of components take it as is; ops that receive a
+    plain sequence (code calling them directly) decide the family once themselves
+    (:func:`family_of_components`).
+    """
+
+    family: Family
+
+    def __new__(cls, arrays: Iterable[Any], family: Family) -> Components:
+        self = super().__new__(cls, arrays)
+        self.family = family
+        return self
 
 
-def _local_combine(op: ReduceOp, components: Components) -> Any:
+def components_of(values: Sequence[Any], what: str = "") -> Components:
+    """``values`` (one per local replica) as arrays, with the family of the first decided once.
+    ``TypeError`` naming ``what`` for a value of no supported family."""
+    first, family = family_of(values[0], what)
+    return Components([first, *(to_array(v, what)[0] for v in values[1:])], family)
+
+
+def family_of_components(components: Sequence[Any]) -> Family:
+    """The family ``components`` carry (:class:`Components`), or the first one's, decided here
+    for a plain sequence."""
+    if isinstance(components, Components):
+        return components.family
+    return family_of(components[0])[1]
+
+
+ComponentsLike = Sequence[Any]
+
+
+def _local_combine(op: ReduceOp, components: ComponentsLike) -> Any:
     """``op`` over ``components`` in replica order, as a fresh array (MEAN: their sum)."""
     first = components[0]
-    xp = xp_of(first)
+    xp = family_of_components(components).xp
     acc = xp.array(first, copy=True)
     for other in components[1:]:
         other = xp.asarray(other) if xp is np else _same_device(acc, other)
@@ -80,7 +125,7 @@ def finish_mean(op: ReduceOp, total: Any, count: int | float) -> Any:
     return total
 
 
-def _per_replica(total: Any, components: Components) -> list[Any]:
+def _per_replica(total: Any, components: ComponentsLike) -> list[Any]:
     """``total`` for every local replica: the array itself where a replica's component lives on
     its device (the same object may serve several; a strategy copies for the repeats), else one
     copy onto that component's GPU (or host)."""
@@ -97,7 +142,7 @@ class CrossDeviceOps(ABC):
 
     @abstractmethod
     def batch_reduce_components(
-        self, op: ReduceOp, values: Sequence[Components], num_replicas_in_sync: int,
+        self, op: ReduceOp, values: Sequence[ComponentsLike], num_replicas_in_sync: int,
         options: CommunicationOptions | None = None,
     ) -> list[list[Any]]:
         """For each value (its local components), the ``op`` over all replicas, per local replica.
@@ -108,10 +153,34 @@ class CrossDeviceOps(ABC):
         repeats).
         """
 
-    def gather_components(self, components: Components, axis: int,
+    def reduce_and_update(
+        self, values: Sequence[ComponentsLike], targets: Sequence[ComponentsLike], update: Update,
+        num_replicas_in_sync: int, options: CommunicationOptions | None = None,
+    ) -> bool:
+        """For each value (its local components, gradients), its SUM over every replica applied
+        by the elementwise ``update(target, summed)`` to each of its ``targets`` (one per local
+        replica, in the same order: the variable's components, written in place).
+
+        Contract (:mod:`cluster.collectives.epilogue`): ``update`` is elementwise; every
+        replica's target holds the same bytes on entry and ends with the bytes of the unfused
+        update (reduce, then ``update``); values are never written; each target matches its
+        components' shape and dtype and shares no memory with them (the strategy checks).
+
+        Returns whether the update was fused with the reduction. This default is the unfused
+        route, for any ops: :meth:`batch_reduce_components`, then the update per target (on a
+        GPU, SGD's update as one CuPy kernel); it returns ``False``. Ops with a fused route
+        override it and return ``True`` where they took it.
+        """
+        reduced = self.batch_reduce_components(ReduceOp.SUM, values, num_replicas_in_sync,
+                                               options)
+        for per_replica, value_targets in zip(reduced, targets, strict=True):
+            _apply_each(update, value_targets, per_replica)
+        return False
+
+    def gather_components(self, components: ComponentsLike, axis: int,
                           options: CommunicationOptions | None = None) -> Any:
         """Every replica's component concatenated along ``axis``, in replica order."""
-        xp = xp_of(components[0])
+        xp = family_of_components(components).xp
         return xp.concatenate([xp.asarray(c) for c in components], axis=axis)
 
     def broadcast_from_first(self, value: Any, options: CommunicationOptions | None = None) -> Any:
@@ -134,9 +203,60 @@ class CrossDeviceOps(ABC):
         return [Mirrored(r) for r in reduced]
 
 
-def _components(value: Any) -> list[Any]:
+def _apply_reduced(update: Update, target: Any, reduced: Any, *, scratch: bool) -> None:
+    """The unfused epilogue on any device: ``update(target, reduced)`` over the whole ``target``
+    (NumPy, or CuPy on its GPU), with the SUM ``reduced`` of its gradient (any device: copied
+    to the target's where it lives elsewhere).
+
+    On a GPU an :class:`~cluster.collectives.epilogue.AddScaled` is one elementwise kernel
+    (:func:`~cluster.collectives.kernels.sum_add_scaled_on_gpu`); other updates get
+    ``update`` itself. ``scratch``: whether ``reduced`` may be overwritten (the update's
+    scratch); when not, the update gets a copy.
+    """
+    target_on_gpu = is_cupy(target)
+    if target_on_gpu != is_cupy(reduced) or (
+            target_on_gpu and reduced.device.id != target.device.id):
+        reduced, scratch = _moved_to_target(reduced, target), True
+    if target_on_gpu and kernels.sum_add_scaled_on_gpu(update, [reduced], target):
+        return
+    if not scratch:
+        reduced = reduced.copy()
+    update(target.reshape(-1), reduced.reshape(-1))
+
+
+def _moved_to_target(reduced: Any, target: Any) -> Any:
+    """``reduced`` copied onto ``target``'s device (its GPU, or the host)."""
+    if is_cupy(reduced) and not is_cupy(target):
+        return sys.modules["cupy"].asnumpy(reduced)
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(target.device.id):
+        # cupy.asarray would return a CuPy array of another GPU as it is: copy it across.
+        return cupy.array(reduced, copy=True) if is_cupy(reduced) else cupy.asarray(reduced)
+
+
+def _apply_each(update: Update, targets: ComponentsLike, per_replica: Sequence[Any]) -> None:
+    """``update`` of each target with its replica's result; a result that serves several
+    replicas is the update's scratch only at its last use."""
+    uses: dict[int, int] = {}
+    for r in per_replica:
+        uses[id(r)] = uses.get(id(r), 0) + 1
+    for target, r in zip(targets, per_replica, strict=True):
+        uses[id(r)] -= 1
+        _apply_reduced(update, target, r, scratch=uses[id(r)] == 0)
+
+
+def _gpu_sums(update: Update, values: Sequence[ComponentsLike], targets: Sequence[ComponentsLike]
+              ) -> bool:
+    """Whether every value's local components can be summed into each of its targets by the
+    one GPU kernel (all on the target's GPU, SGD's update)."""
+    return all(kernels.gpu_fusable(update, components, t)
+               for components, value_targets in zip(values, targets, strict=True)
+               for t in value_targets)
+
+
+def _components(value: Any) -> Components:
     values = list(value.values) if isinstance(value, DistributedValues) else [value]
-    return [to_array(v)[0] for v in values]
+    return components_of(values, "cross_device_ops.reduce")
 
 
 class ReductionToOneDevice(CrossDeviceOps):
@@ -151,6 +271,18 @@ class ReductionToOneDevice(CrossDeviceOps):
             total = finish_mean(op, _local_combine(op, components), num_replicas_in_sync)
             out.append(_per_replica(total, components))
         return out
+
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Fused where every value's components live on its targets' GPU: one kernel per
+        target sums them in replica order, scales and adds (no summed array is made); else
+        the unfused route."""
+        if not values or not _gpu_sums(update, values, targets):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        for components, value_targets in zip(values, targets, strict=True):
+            for target in value_targets:
+                kernels.sum_add_scaled_on_gpu(update, components, target)
+        return True
 
 
 class NcclAllReduce(CrossDeviceOps):
@@ -168,8 +300,11 @@ class NcclAllReduce(CrossDeviceOps):
         self._comms: dict[tuple[int, ...], list[nccl.NcclComm]] = {}
         self._fallback = ReductionToOneDevice()
 
-    def _nccl_devices(self, components: Components) -> tuple[int, ...] | None:
-        if len(components) < 2 or not all(is_cupy(c) for c in components):
+    def _nccl_devices(self, components: ComponentsLike) -> tuple[int, ...] | None:
+        # The family says GPU; every replica's component must be on one (CPU and GPU replicas
+        # may be mixed) and on a GPU of its own.
+        if len(components) < 2 or not family_of_components(components).on_gpu \
+                or not all(is_cupy(c) for c in components):
             return None
         devices = tuple(c.device.id for c in components)
         if len(set(devices)) != len(devices) or not nccl.available():
@@ -200,6 +335,14 @@ class NcclAllReduce(CrossDeviceOps):
                 results = [finish_mean(op, r, num_replicas_in_sync) for r in results]
             out.append(results)
         return out
+
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Where no value spans several GPUs, the host reduction's (fused on one GPU); else
+        NCCL, then the update per GPU (one kernel each for SGD)."""
+        if all(self._nccl_devices(c) is None for c in values):
+            return self._fallback.reduce_and_update(values, targets, update,
+                                                    num_replicas_in_sync, options)
+        return super().reduce_and_update(values, targets, update, num_replicas_in_sync, options)
 
 
 class CollectiveAllReduce(CrossDeviceOps):
@@ -245,14 +388,31 @@ class CollectiveAllReduce(CrossDeviceOps):
             out.append(_per_replica(total, components))
         return out
 
-    def reduce_and_update(self, grads: Sequence[np.ndarray], targets: Sequence[np.ndarray],
-                          update: Any, options: CommunicationOptions | None = None) -> None:
-        """SUM of each gradient (one local replica's) over the group, applied by the elementwise
-        ``update(target, summed)`` to its target where each reduction completes:
-        :meth:`CollectiveGroup.all_reduce_apply`."""
-        self._group.all_reduce_apply(grads, targets, update, ReduceOp.SUM, options=options)
+    def reduce_and_update(self, values, targets, update, num_replicas_in_sync, options=None):
+        """Fused where each value has one local replica: host values (and targets) by
+        :meth:`CollectiveGroup.all_reduce_apply`, the update running where each segment's
+        reduction completes; CuPy values on their targets' GPU by the device all-reduce, then
+        the one kernel (scale and add) on each GPU. Anything else: the unfused route."""
+        if not values or any(len(c) != 1 for c in values):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        grads = [c[0] for c in values]
+        flat = [t[0] for t in targets]
+        if not any(family_of_components(c).on_gpu for c in values) \
+                and not any(is_cupy(t) for t in flat):
+            self._group.all_reduce_apply(grads, flat, update, ReduceOp.SUM, options=options)
+            return True
+        if not _gpu_sums(update, values, targets):
+            return super().reduce_and_update(values, targets, update, num_replicas_in_sync,
+                                             options)
+        totals = self._group.all_reduce_many(grads, ReduceOp.SUM, options=options) \
+            if self._group.world_size > 1 else grads
+        for total, target in zip(totals, flat, strict=True):
+            if not kernels.sum_add_scaled_on_gpu(update, [total], target):
+                _apply_reduced(update, target, total, scratch=total is not target)
+        return True
 
-    def _local_total(self, op: ReduceOp, components: Components,
+    def _local_total(self, op: ReduceOp, components: ComponentsLike,
                      options: CommunicationOptions | None) -> Any:
         """``op`` over one value's local components, fresh (one replica: a copy)."""
         return self._local.batch_reduce_components(op, [components], len(components),

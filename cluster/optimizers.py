@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cluster import _context
-from cluster._family import to_array, xp_of
+from cluster._family import family_of, is_cupy, xp_of
 from cluster._ps_values import OptimizerSpec
 from cluster._update_rules import adam_update, sgd_update
 from cluster._update_rules import check_rate as _check_rate
@@ -162,12 +162,14 @@ class Optimizer:
 
 
 def _grad_array(variable: Variable, grad: Any) -> Any:
-    array, _ = to_array(grad)
+    """``grad`` as an array on ``variable``'s device, of its dtype (``ValueError`` for another
+    shape). Under a strategy it is already the ops' result on that device; outside one, the
+    user's value, whose family is decided here."""
+    array, family = family_of(grad)
     value = variable._read()
-    xp = xp_of(value)
-    if xp is not np and xp_of(array) is np:
+    if is_cupy(value) and not family.on_gpu:
         with value.device:
-            array = xp.asarray(array)
+            array = xp_of(value).asarray(array)
     if tuple(array.shape) != tuple(value.shape):
         raise ValueError(f"gradient of shape {tuple(array.shape)} for variable {variable.name} "
                          f"of shape {tuple(value.shape)}")

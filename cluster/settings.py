@@ -28,10 +28,12 @@ from cluster.errors import TaskConfigError
 
 __all__ = [
     "DATA_PLANES",
+    "DEVICE_MODES",
     "ENV_ALLOW_INSECURE",
     "ENV_STOP_WITH_COORDINATOR",
     "ENV_CONNECT_TIMEOUT",
     "ENV_DATA_PLANE",
+    "ENV_DEVICES",
     "ENV_ERROR_FILE",
     "ENV_FUNCTION_TIMEOUT",
     "ENV_GRACE_PERIOD",
@@ -72,8 +74,11 @@ _TLS_VARS = (ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA)
 ENV_TIMELINE = "CLUSTER_TIMELINE"  # cluster.timeline: this task's Chrome trace
 ENV_STEPS = "CLUSTER_STEPS"  # cluster.timeline: this task's step records
 ENV_STALL_WARNING = "CLUSTER_STALL_WARNING"  # cluster.collectives._stall
+ENV_DEVICES = "CLUSTER_DEVICES"  # cluster.strategies._devices.choose_task_device
+ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"  # read for the device choice's log line only
 
 DATA_PLANES = ("tcp", "grpc")
+DEVICE_MODES = ("cpu", "gpu")
 
 # Seconds-valued settings: (field, variable).
 _SECONDS = (
@@ -134,6 +139,12 @@ class TaskSettings:
     ``restart_count`` is the attempt number the launcher gives (0 on the first);
     ``grace_period`` is the launcher's time from SIGTERM to SIGKILL (``timeouts.grace``; ``None``
     when no launcher said), which a preemption save must fit in;
+    ``devices`` (``CLUSTER_DEVICES``: ``cpu`` or ``gpu``) is where
+    ``MultiWorkerMirroredStrategy()`` without devices puts the task's replica: ``cpu`` (NumPy in,
+    NumPy out, even where CuPy sees GPUs) or ``gpu`` (the GPU of the task's local rank,
+    :func:`cluster.strategies._devices.choose_task_device`); ``cuda_visible_devices`` is
+    ``CUDA_VISIBLE_DEVICES`` as given (``None`` when unset), which that choice names in its log
+    line (CuPy numbers only the GPUs it leaves);
     ``tls_files`` is ``(cert, key, ca)``, the paths of ``CLUSTER_TLS_CERT``/``_KEY``/``_CA``
     (all three or none; :class:`cluster.transport.tls.TlsConfig` reads the files);
     ``stop_with_coordinator`` (``CLUSTER_STOP_WITH_COORDINATOR=1``) makes a task that only
@@ -160,6 +171,8 @@ class TaskSettings:
     tls_files: tuple[str, str, str] | None = None
     timeline: str | None = None  # CLUSTER_TIMELINE, CLUSTER_STEPS: see cluster.timeline
     steps_file: str | None = None
+    devices: str = "cpu"
+    cuda_visible_devices: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -172,6 +185,9 @@ class TaskSettings:
         if self.data_plane not in DATA_PLANES:
             raise ValueError(f"data_plane must be one of {', '.join(DATA_PLANES)}, "
                              f"got {self.data_plane!r}")
+        if self.devices not in DEVICE_MODES:
+            raise ValueError(f"devices must be one of {', '.join(DEVICE_MODES)}, "
+                             f"got {self.devices!r}")
 
     def replace(self, **changes) -> TaskSettings:
         """A copy with ``changes`` applied (validated again)."""
@@ -228,6 +244,15 @@ class TaskSettings:
         values["tls_files"] = tls if all(tls) else None
         values["timeline"] = env.get(ENV_TIMELINE) or None
         values["steps_file"] = env.get(ENV_STEPS) or None
+        devices = env.get(ENV_DEVICES, "").strip().lower()
+        if devices:
+            if devices not in DEVICE_MODES:
+                raise TaskConfigError(
+                    f"{ENV_DEVICES}={devices!r} is not one of: {', '.join(DEVICE_MODES)} (cpu: "
+                    "one CPU replica per task, the default; gpu: the GPU of the task's local "
+                    "rank)")
+            values["devices"] = devices
+        values["cuda_visible_devices"] = env.get(ENV_CUDA_VISIBLE)
         return cls(**values)
 
 
@@ -304,6 +329,9 @@ ENV_VARS = (
     (ENV_STALL_WARNING, "60", "Seconds a collective waits before its task logs which one it is "
      "in and which peer it waits for (again each period)."),
     (ENV_DATA_PLANE, "tcp", "`tcp` or `grpc`: how collective tensors travel."),
+    (ENV_DEVICES, "cpu", "Where `MultiWorkerMirroredStrategy()` puts a task's replica: `cpu` "
+     "(NumPy in, NumPy out, even with GPUs) or `gpu` (local rank r takes GPU r of those "
+     "`CUDA_VISIBLE_DEVICES` leaves; see docs/guide/strategies.md)."),
     ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
     ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring`, `doubling` or `tree` forces the all-reduce."),
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),

@@ -52,6 +52,19 @@ def test_a_bad_value_names_the_variable_and_the_value(var: str, value: str) -> N
         TaskSettings.from_env({var: value})
 
 
+def test_devices_switch_reads_cpu_or_gpu_and_keeps_cuda_visible_devices() -> None:
+    assert TaskSettings.from_env({}).devices == "cpu"
+    s = TaskSettings.from_env({"CLUSTER_DEVICES": " GPU ", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert (s.devices, s.cuda_visible_devices) == ("gpu", "2,3")
+
+
+def test_a_bad_devices_switch_names_the_variable_and_the_accepted_values() -> None:
+    with pytest.raises(TaskConfigError, match=r"CLUSTER_DEVICES='tpu' is not one of: cpu, gpu"):
+        TaskSettings.from_env({"CLUSTER_DEVICES": "tpu"})
+    with pytest.raises(ValueError, match="devices must be one of cpu, gpu"):
+        TaskSettings(devices="tpu")
+
+
 def test_the_token_never_shows_in_repr() -> None:
     assert "s3cret" not in repr(TaskSettings.from_env({"CLUSTER_TOKEN": "s3cret"}))
 

@@ -1,4 +1,5 @@
-"""The owner's step of a fused all-reduce in one pass over memory (numba).
+"""The owner's step of a fused all-reduce in one pass over memory: numba on the host, one CuPy
+elementwise kernel on a GPU.
 
 Where a segment's reduction completes, its owner sums the ranks' parts in rank order and applies
 the update (:mod:`cluster.collectives.epilogue`). In NumPy that is four passes over the part:
@@ -18,11 +19,19 @@ elements or more loads them (:func:`load_for`, before the collective starts), an
 small models never pay it. Until then, and where numba cannot load or cache (or for other
 dtypes, updates and ops), callers keep NumPy's passes: :func:`sum_add_scaled` returns
 ``False``.
+
+On a GPU, :func:`sum_add_scaled_on_gpu` is the same step as one ``cupy.ElementwiseKernel`` (sum
+the operands in order, scale, add into the parameter), compiled once per operand count and
+device. Its additions and multiplications are ``__fadd_rn``/``__fmul_rn`` (``__dadd_rn``/
+``__dmul_rn`` for float64), which the compiler never contracts into a fused multiply-add, so the
+bytes are NumPy's.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +39,8 @@ import numpy as np
 
 from cluster.collectives.epilogue import AddScaled
 
-__all__ = ["LOAD_ITEMS", "load_for", "sum_add_scaled"]
+__all__ = ["LOAD_ITEMS", "gpu_fusable", "gpu_kernel_source", "load_for", "sum_add_scaled",
+           "sum_add_scaled_on_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +119,68 @@ def load_for(update: Any, items: int) -> bool:
         else:
             _loaded = (loops.add_scaled, loops.add_scaled_copy)
     return bool(_loaded)
+
+
+# -- the GPU step: one CuPy elementwise kernel ---------------------------------------------------
+
+GPU_PREAMBLE = r"""
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+"""
+"""Rounded operations the compiler may not contract: ``w + s * scale`` must not become an FMA,
+whose single rounding would differ from NumPy's two."""
+
+
+def gpu_kernel_source(operands: int) -> tuple[str, str, str]:
+    """``(in_params, out_params, operation)`` of the kernel for ``operands`` summed values:
+    ``w = w + (((g0 + g1) + ...) * scale)``, each step rounded as NumPy rounds it."""
+    if operands < 1:
+        raise ValueError(f"the kernel sums one operand or more, got {operands}")
+    ins = ", ".join([*(f"T g{i}" for i in range(operands)), "T scale"])
+    body = "T s = g0; " + "".join(f"s = add_rn(s, g{i}); " for i in range(1, operands))
+    return ins, "T w", body + "w = add_rn(w, mul_rn(s, scale));"
+
+
+_gpu_kernels: dict[tuple[Any, int], Any] = {}
+_gpu_lock = threading.Lock()
+
+
+def _gpu_kernel(cupy: Any, operands: int) -> Any:
+    with _gpu_lock:
+        kernel = _gpu_kernels.get((cupy, operands))
+        if kernel is None:
+            ins, outs, body = gpu_kernel_source(operands)
+            # CuPy compiles on first call, once per device, and caches the binary on disk.
+            kernel = _gpu_kernels[cupy, operands] = cupy.ElementwiseKernel(
+                ins, outs, body, name=f"cluster_sum{operands}_add_scaled",
+                preamble=GPU_PREAMBLE, no_return=True)
+        return kernel
+
+
+def gpu_fusable(update: Any, operands: Sequence[Any], target: Any) -> bool:
+    """Whether :func:`sum_add_scaled_on_gpu` applies: ``update`` is an :class:`AddScaled`,
+    ``target`` a C-contiguous float32 or float64 CuPy array and every operand (one or more) a
+    CuPy array of its dtype and shape on its GPU."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or not isinstance(update, AddScaled) or not operands \
+            or not isinstance(target, cupy.ndarray):
+        return False
+    dtype, device = target.dtype, target.device.id
+    return dtype in _DTYPES and target.flags.c_contiguous and all(
+        isinstance(g, cupy.ndarray) and g.dtype == dtype and g.shape == target.shape
+        and g.device.id == device for g in operands)
+
+
+def sum_add_scaled_on_gpu(update: Any, operands: Sequence[Any], target: Any) -> bool:
+    """If it applies (:func:`gpu_fusable`), ``target += ((operands[0] + operands[1]) + ...) *
+    scale`` in one kernel on ``target``'s GPU, bitwise as NumPy on the host; return ``True``.
+    Otherwise nothing is written and it returns ``False``. Operands are only read.
+    """
+    if not gpu_fusable(update, operands, target):
+        return False
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(target.device.id):
+        _gpu_kernel(cupy, len(operands))(*operands, target.dtype.type(update.scale), target)
+    return True

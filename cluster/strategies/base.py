@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cluster import _context, _nest, timeline
-from cluster._family import restore_for, to_host, xp_of
+from cluster._family import to_host, xp_of
 from cluster.collectives.ops import ReduceOp
 from cluster.cross_device_ops import finish_mean
 from cluster.data import DistributedDataset, DistributedDatasetsFromFunction
@@ -169,31 +169,31 @@ class Strategy:
                 continue
             components = ext.local_components(leaf, op.value)
             if axis is None:
-                plan.append(("plain", leaf, len(items)))
+                plan.append(("plain", components.family.restore, len(items)))
                 items.append(components)
             else:
                 sums, counts = [], []
                 for c in components:
-                    xp = xp_of(c)
+                    xp = xp_of(c)  # per replica: CPU and GPU replicas may be mixed
                     sums.append(xp.sum(c, axis=axis))
                     counts.append(np.asarray(float(c.shape[axis] if c.ndim else 1)))
-                plan.append(("axis", leaf, len(items)))
+                plan.append(("axis", components.family.restore, len(items)))
                 items.extend([sums, [np.asarray(to_host(c)) for c in counts]])
         with _context.push(self, None):
             reduced = ext.cross_device_ops.batch_reduce_components(
                 ReduceOp.SUM, items, self.num_replicas_in_sync,
                 ext.communication_options) if items else []
         out = []
-        for kind, leaf, index in plan:
+        for kind, leaf_or_restore, index in plan:
             if kind == "as_is":
-                out.append(first_component(leaf))
+                out.append(first_component(leaf_or_restore))
                 continue
             total = reduced[index][0]  # fresh: the caller's to keep (no copy)
             if kind == "axis" and op is ReduceOp.MEAN:
                 total = finish_mean(op, total, float(to_host(reduced[index + 1][0])))
             else:
                 total = finish_mean(op, total, self.num_replicas_in_sync)
-            out.append(restore_for(first_component(leaf))(total))
+            out.append(leaf_or_restore(total))  # the way back, decided at the edge
         return _nest.pack_sequence_as(value, out)
 
     def gather(self, value: Any, axis: int) -> Any:
@@ -207,7 +207,7 @@ class Strategy:
                 check_gather_rank(components, axis)
                 gathered = ext.cross_device_ops.gather_components(
                     components, axis, ext.communication_options)
-                out.append(restore_for(first_component(leaf))(gathered))
+                out.append(components.family.restore(gathered))
         return _nest.pack_sequence_as(value, out)
 
     # -- input --

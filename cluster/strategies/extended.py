@@ -16,17 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cluster import _context, _nest
-from cluster._family import is_cupy, restore_for, to_array
+from cluster._family import Family, family_of, is_cupy
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CommunicationOptions
-from cluster.cross_device_ops import CrossDeviceOps
+from cluster.cross_device_ops import Components, CrossDeviceOps, components_of
 from cluster.strategies._accessors import WorkerInfo, shared_tensor_error
 from cluster.strategies._checks import is_floating, require_cross_replica
 from cluster.strategies._devices import Device
 from cluster.strategies._leaves import (
     call_options,
     check_gather_rank,
-    first_component,
     is_plain,
     is_shared_tensor,
 )
@@ -142,8 +141,10 @@ class StrategyExtended(WorkerInfo):
 
     # -- components ------------------------------------------------------------------------------
 
-    def local_components(self, value: Any, what: str) -> list[Any]:
-        """The local components of a leaf as arrays; a plain value serves a single replica."""
+    def local_components(self, value: Any, what: str) -> Components:
+        """The local components of a leaf as arrays, with its family decided once (the edge
+        of every reduction: carried down to the ops and used for the way back); a plain value
+        serves a single replica."""
         if isinstance(value, DistributedValues):
             if len(value.values) != self._local_count:
                 check_component_counts(value, self._local_count, what)
@@ -160,7 +161,7 @@ class StrategyExtended(WorkerInfo):
                     "that strategy.run returned"
                 )
             values = [value]
-        return [to_array(v)[0] for v in values]
+        return components_of(values)
 
     def reduce_to_host(self, op: ReduceOp, value: Any) -> Any:
         """``op`` of a leaf over every replica of every worker: one array (same on all ranks).
@@ -195,31 +196,35 @@ class StrategyExtended(WorkerInfo):
         reduced = self._cross_device_ops.batch_reduce_components(
             op, comps, self._num_replicas_in_sync, call_options(options, self._options))
         out = []
-        for leaf, per_replica in zip(leaves, reduced, strict=True):
-            restore = restore_for(first_component(leaf))
-            results = [restore(r) for r in self._hand_out(per_replica)]
+        for components, per_replica in zip(comps, reduced, strict=True):
+            family = components.family
+            results = [family.restore(r) for r in self._hand_out(per_replica, family)]
             out.append(Mirrored(results) if len(results) > 1 else results[0])
         return _nest.pack_sequence_as(value, out)
 
-    def _hand_out(self, per_replica: Sequence[Any]) -> list[Any]:
+    def _hand_out(self, per_replica: Sequence[Any], family: Family) -> list[Any]:
         """The ops' fresh results (see ``CrossDeviceOps.batch_reduce_components``), one array of
-        its own per local replica: a result is given out as is to the first replica on its
-        device; repeats (one array serving several replicas) and results on another device are
-        copied, once per replica's device."""
+        its own per local replica, where the caller's family lives (:meth:`_home`): a result is
+        given out as is to the first replica it suits; repeats (one array serving several
+        replicas) and results elsewhere are copied."""
         given: set[int] = set()
         out = []
         for i, r in enumerate(per_replica):
-            if id(r) in given or not self._on_device(i, r):
-                r = self.place(i, r)
+            home = self._home(i, family)
+            if id(r) in given or not _lives_at(r, home):
+                r = _copy_to(home, r)
             given.add(id(r))
             out.append(r)
         return out
 
-    def _on_device(self, index: int, array: Any) -> bool:
+    def _home(self, index: int, family: Family) -> int | None:
+        """Where local replica ``index`` gets a result of a value of ``family``: host memory
+        (``None``) for a host value, whatever the replica's device (NumPy in, NumPy out); for a
+        GPU value the replica's GPU, or the value's own GPU for a CPU replica."""
+        if not family.on_gpu:
+            return None
         device = self._devices[index]
-        if device.is_gpu:
-            return is_cupy(array) and array.device.id == device.index
-        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
+        return device.index if device.is_gpu else family.device
 
     def all_gather_nest(self, value: Any, axis: int, options: Any) -> Any:
         """Every leaf of ``value`` concatenated along ``axis`` over all replicas of all workers,
@@ -230,17 +235,19 @@ class StrategyExtended(WorkerInfo):
             check_gather_rank(comps, axis)
             gathered = self._cross_device_ops.gather_components(
                 comps, axis, call_options(options, self._options))
-            restore = restore_for(first_component(leaf))
-            copies = [restore(self.place(i, gathered)) for i in range(self._local_count)]
+            family = comps.family
+            copies = [family.restore(_copy_to(self._home(i, family), gathered))
+                      for i in range(self._local_count)]
             out.append(Mirrored(copies) if len(copies) > 1 else copies[0])
         return _nest.pack_sequence_as(value, out)
 
-    def local_components_any(self, value: Any, what: str) -> list[Any]:
-        """Components of a leaf; a plain value counts as the same value on every replica."""
+    def local_components_any(self, value: Any, what: str) -> Components:
+        """Components of a leaf (its family decided once, as :meth:`local_components`); a plain
+        value counts as the same value on every replica."""
         if isinstance(value, DistributedValues):
             return self.local_components(value, what)
-        array = to_array(value._read() if isinstance(value, Variable) else value)[0]
-        return [array] * self._local_count
+        array, family = family_of(value._read() if isinstance(value, Variable) else value)
+        return Components([array] * self._local_count, family)
 
     # -- TensorFlow's public extended API -------------------------------------------------------
 
@@ -280,30 +287,28 @@ class StrategyExtended(WorkerInfo):
     def reduce_and_update(self, pairs: Sequence[tuple[Any, Variable]], update: Callable,
                           options: CommunicationOptions | None = None) -> bool:
         """SUM each gradient of ``pairs`` over every replica and apply the elementwise
-        ``update(value, summed)`` to its variable, in one collective that fuses the update into
-        the reduction (:mod:`cluster.collectives.epilogue`). Returns False, having done
-        nothing, where that does not apply: ops without a fused path, several local replicas,
-        or any gradient or variable that is not a host array of the variable's dtype and shape.
+        ``update(value, summed)`` to every local copy of its variable:
+        :meth:`CrossDeviceOps.reduce_and_update`, fused into the reduction where the ops can
+        (:mod:`cluster.collectives.epilogue`). Returns False, having done nothing, where the
+        update cannot be applied elementwise as given: a variable without one component per
+        local replica, or a gradient not of its variable's shape and dtype (or sharing its
+        memory); the caller then reduces and updates itself.
         """
-        reduce_apply = getattr(self._cross_device_ops, "reduce_and_update", None)
-        if reduce_apply is None or self._local_count != 1:
-            return False
-        grads, targets = [], []
+        values, targets = [], []
         for grad, variable in pairs:
-            (g,) = self.local_components(grad, "SUM")
             components = variable.values if isinstance(variable, DistributedVariable) \
                 else (variable,)
-            if len(components) != 1:
+            if len(components) != self._local_count:
                 return False
-            target = components[0]._read()
-            if not (isinstance(g, np.ndarray) and isinstance(target, np.ndarray)
-                    and g.dtype == target.dtype and g.shape == target.shape
-                    and target.flags.c_contiguous and target.flags.writeable
-                    and not np.may_share_memory(g, target)):
+            grads = self.local_components(grad, "SUM")
+            copies = [c._read() for c in components]
+            if not all(_updatable(g, t) for g, t in zip(grads, copies, strict=True)):
                 return False
-            grads.append(g)
-            targets.append(target)
-        reduce_apply(grads, targets, update, call_options(options, self._options))
+            values.append(grads)
+            targets.append(copies)
+        self._cross_device_ops.reduce_and_update(values, targets, update,
+                                                 self._num_replicas_in_sync,
+                                                 call_options(options, self._options))
         return True
 
     def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
@@ -389,6 +394,35 @@ class StrategyExtended(WorkerInfo):
         if options["synchronization"] is VariableSynchronization.ON_READ:
             return SyncOnReadVariable(self._container, components, **options)
         return MirroredVariable(self._container, components, **options)
+
+
+def _lives_at(array: Any, home: int | None) -> bool:
+    """Whether ``array`` is in host memory (``home`` None) or on GPU ``home``."""
+    if home is None:
+        return isinstance(array, np.ndarray | np.generic) and not is_cupy(array)
+    return is_cupy(array) and array.device.id == home
+
+
+def _copy_to(home: int | None, array: Any) -> Any:
+    """A copy of ``array`` in host memory (``home`` None) or on GPU ``home``."""
+    if home is None:
+        return np.array(array.get() if is_cupy(array) else array, copy=True)
+    import cupy  # optional (extra 'gpu'): a GPU value exists only where it is installed
+
+    with cupy.cuda.Device(home):
+        return cupy.array(array, copy=True)
+
+
+def _updatable(grad: Any, target: Any) -> bool:
+    """Whether ``target`` (a variable's copy) can take an elementwise update from ``grad``:
+    same shape and dtype, C-contiguous and writeable, no shared memory."""
+    if tuple(grad.shape) != tuple(target.shape) or grad.dtype != target.dtype \
+            or not target.flags.c_contiguous:
+        return False
+    if is_cupy(target):
+        return grad is not target and not (is_cupy(grad) and grad.data.ptr == target.data.ptr)
+    return isinstance(target, np.ndarray) and bool(target.flags.writeable) and not (
+        isinstance(grad, np.ndarray) and not is_cupy(grad) and np.may_share_memory(grad, target))
 
 
 def _create_in_merge(strategy: Any, initial_value, trainable, name, dtype, synchronization,

@@ -9,7 +9,7 @@ import numpy as np
 
 from cluster import _context
 from cluster.cross_device_ops import CrossDeviceOps, NcclAllReduce, ReductionToOneDevice
-from cluster.strategies._devices import Device, gpu_count, parse_devices
+from cluster.strategies._devices import Device, gpu_count, log_choice, parse_devices
 from cluster.strategies._variables import CentralVariable
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.values import select_replica
@@ -18,10 +18,17 @@ from cluster.variables import Variable, VariableSynchronization, component_varia
 __all__ = ["CentralStorageStrategy", "MirroredStrategy", "default_local_devices"]
 
 
-def default_local_devices() -> list[str]:
-    """Every GPU CuPy sees, or one CPU replica when there is none (TF's default)."""
+def default_local_devices(who: str = "MirroredStrategy()") -> list[str]:
+    """Every GPU CuPy sees, or one CPU replica when there is none (TF's default); the choice is
+    logged once per process, naming ``who`` asked."""
     count = gpu_count()
-    return [f"/gpu:{i}" for i in range(count)] if count else ["/cpu:0"]
+    if count:
+        devices = [f"/gpu:{i}" for i in range(count)]
+        log_choice(f"{who} takes {', '.join(devices)}: every GPU CuPy sees (TF's default); pass "
+                   "devices, e.g. ['/cpu:0'], to keep NumPy values on the host")
+        return devices
+    log_choice(f"{who} takes /cpu:0: no GPU visible to CuPy")
+    return ["/cpu:0"]
 
 
 def _default_ops(devices: Sequence[Device]) -> CrossDeviceOps:
@@ -97,7 +104,8 @@ class CentralStorageStrategy(Strategy):
     def __init__(self, compute_devices: Sequence[str] | None = None,
                  parameter_device: str | None = None) -> None:
         parsed = parse_devices(
-            default_local_devices() if compute_devices is None else compute_devices,
+            default_local_devices("CentralStorageStrategy()") if compute_devices is None
+            else compute_devices,
             what="CentralStorageStrategy(compute_devices)")
         if parameter_device is None:
             param = parsed[0] if len(parsed) == 1 else parse_devices(["/cpu:0"], what="")[0]

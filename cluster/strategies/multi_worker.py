@@ -1,6 +1,8 @@
 """``MultiWorkerMirroredStrategy``: synchronous replicas across worker processes.
 
-Each task (chief and workers) holds one replica per local GPU, or one CPU replica; values are
+Each task (chief and workers) holds one replica: on the CPU by default, on the GPU of its local
+rank with ``CLUSTER_DEVICES=gpu`` (:func:`~cluster.strategies._devices.choose_task_device`), or
+on the devices a caller names; values are
 reduced hierarchically (inside the task, then the ring across tasks, then to every local replica)
 by :class:`~cluster.cross_device_ops.CollectiveAllReduce`. Ranks follow TensorFlow's order: the
 chief first, then the workers by index. Variables' initial values are broadcast from rank 0, so
@@ -12,13 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cluster import runtime
+from cluster import runtime, settings
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
 from cluster.cross_device_ops import CollectiveAllReduce, NcclAllReduce
-from cluster.strategies._devices import parse_devices
+from cluster.strategies._devices import (
+    choose_task_device,
+    gpu_count,
+    local_rank_of,
+    log_choice,
+    parse_devices,
+)
 from cluster.strategies.base import Strategy, StrategyExtended
-from cluster.strategies.mirrored import default_local_devices
 from cluster.transport.api import Transport
 from cluster.transport.inproc import InProcessHub
 from resolver import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
@@ -74,7 +81,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         elif cluster_resolver is None:
             cluster_resolver = _resolver_for(transport)
         self._cluster_resolver = cluster_resolver
-        parsed = parse_devices(default_local_devices() if devices is None else devices,
+        parsed = parse_devices(_task_devices(transport) if devices is None else devices,
                                what="MultiWorkerMirroredStrategy devices")
         group = CollectiveGroup(transport, "multi_worker_mirrored", options,
                                 settings=_collective_settings())
@@ -86,6 +93,20 @@ class MultiWorkerMirroredStrategy(Strategy):
     def cluster_resolver(self) -> Any:
         """The resolver this strategy was built from (``.task_type``, ``.task_id``)."""
         return self._cluster_resolver
+
+
+def _task_devices(transport: Transport) -> list[str]:
+    """This task's one replica when the user named no device: ``CLUSTER_DEVICES`` decides
+    (:func:`choose_task_device`), by the task's local rank among the tasks of its host; the
+    choice is logged once."""
+    rt = runtime.current()
+    task = rt.settings if rt is not None else settings.current()
+    local_rank, local_size = local_rank_of([p.address for p in transport.peers],
+                                           transport.rank)
+    choice = choose_task_device(task.devices, local_rank, local_size, gpu_count(),
+                                task.cuda_visible_devices)
+    log_choice(choice.describe(f"MultiWorkerMirroredStrategy ({transport.peers[transport.rank]})"))
+    return [choice.device]
 
 
 def _collective_settings() -> CollectiveSettings | None:

@@ -31,9 +31,11 @@ def _train(transport, implementation: str, momentum: float):
     import cluster
     from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
 
+    # Host arrays mean the host route: pinned to the CPU, whatever GPUs the machine has (the
+    # GPU route: test_gpu_fused.py).
     strategy = MultiWorkerMirroredStrategy._from_transport(
         transport, communication_options=cluster.CommunicationOptions(
-            timeout_seconds=60, implementation=implementation))
+            timeout_seconds=60, implementation=implementation), devices=["/cpu:0"])
     group = strategy.extended.collective_group
     fused_calls = []
     real = group.all_reduce_apply

@@ -45,3 +45,39 @@ def test_nccl_all_reduce_among_local_gpus_is_bitwise_identical():
     for i, r in enumerate(results):
         assert r.device.id == i
         np.testing.assert_array_equal(cupy.asnumpy(r), expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fused_sgd_kernel_is_bitwise_numpy_on_a_real_gpu(dtype):
+    """One kernel sums three gradients in order, scales and adds: NumPy's bytes (no FMA)."""
+    import cupy
+
+    from cluster.collectives import kernels
+    from cluster.collectives.epilogue import AddScaled
+
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(1 << 16).astype(dtype) for _ in range(3)]
+    w = rng.standard_normal(1 << 16).astype(dtype)
+    target = cupy.asarray(w)
+    assert kernels.sum_add_scaled_on_gpu(AddScaled(-0.1), [cupy.asarray(g) for g in grads],
+                                         target)
+    want = w - dtype(0.1) * ((grads[0] + grads[1]) + grads[2])
+    assert cupy.asnumpy(target).tobytes() == want.tobytes()
+
+
+def test_sgd_on_a_gpu_replica_is_fused_and_bitwise_keras():
+    import cupy
+
+    strategy = cluster.MirroredStrategy(["/gpu:0"])
+    w0 = np.linspace(-1, 1, 1001, dtype=np.float32)
+    g = np.linspace(0.5, 3, 1001, dtype=np.float32)
+    with strategy.scope():
+        v = cluster.Variable(cupy.asarray(w0))
+    ops = strategy.extended.cross_device_ops
+    fused = []
+    real = ops.reduce_and_update
+    ops.reduce_and_update = lambda *a, **k: fused.append(real(*a, **k)) or fused[-1]
+    opt = cluster.optimizers.SGD(0.1)
+    strategy.run(lambda: opt.apply_gradients([(cupy.asarray(g), v)]))
+    assert fused == [True]
+    assert cupy.asnumpy(v.value()).tobytes() == (w0 - np.float32(0.1) * g).tobytes()

@@ -72,7 +72,7 @@ def test_cluster_resolver_is_none_for_local_strategies(two):
     (["/tpu:0"], "not a device string"),
     ([], "empty"),
     ("/cpu:0", "list of device strings"),
-    (["/gpu:7"], "not found"),
+    (["/gpu:4096"], "not found"),  # more GPUs than any machine has
 ])
 def test_bad_devices_raise_naming_the_entry(devices, match):
     with pytest.raises(ValueError, match=match):
