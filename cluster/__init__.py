@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
 from cluster import _context  # the standard library only
@@ -112,6 +113,17 @@ def _default_frame() -> _context.Frame:
 
 
 _context.set_default_frame(_default_frame)
+
+
+def _wire_frameworks(strategy: object) -> None:
+    """On entering a strategy's scope: a program that imported Keras gets :mod:`cluster.keras`
+    (which makes ``model.compile`` in the scope distribute the model), so the program needs no
+    import of its own. Keras is never imported here: only a program that uses it has it."""
+    if "keras" in sys.modules and "cluster.keras" not in sys.modules:
+        importlib.import_module("cluster.keras")
+
+
+_context.add_scope_hook(_wire_frameworks)
 
 
 def __getattr__(name: str) -> Any:

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DefaultStrategyMarker",
     "Frame",
+    "add_scope_hook",
     "current_frame",
     "describe",
+    "entering_scope",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
@@ -82,6 +84,23 @@ def set_default_frame(factory: Callable[[], Frame]) -> None:
     with _default_lock:
         _default_factory = factory
         _default = None
+
+
+_scope_hooks: list[Callable[[Any], None]] = []
+
+
+def add_scope_hook(hook: Callable[[Any], None]) -> None:
+    """Call ``hook(strategy)`` each time a strategy's ``scope()`` is entered, before variables
+    can be created in it. The package root adds one: framework support (``cluster.keras``) wires
+    itself in there when the program uses that framework. Hooks run in the order added."""
+    with _default_lock:
+        _scope_hooks.append(hook)
+
+
+def entering_scope(strategy: Any) -> None:
+    """Run every scope hook for ``strategy`` (``Strategy.scope()`` calls it)."""
+    for hook in tuple(_scope_hooks):
+        hook(strategy)
 
 
 def _default_frame() -> Frame:

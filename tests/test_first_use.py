@@ -41,7 +41,7 @@ _USES: dict[str, dict[str, str]] = {
     "cluster": {
         "CentralStorageStrategy": """
             import cluster
-            s = cluster.CentralStorageStrategy()
+            s = cluster.CentralStorageStrategy(["/cpu:0"])  # no devices: every visible GPU
             assert s.num_replicas_in_sync == 1
             assert float(s.reduce("SUM", s.run(lambda: np.float32(2.0)), axis=None)) == 2.0
         """,

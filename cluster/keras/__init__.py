@@ -1,12 +1,13 @@
 """``cluster.keras``: Keras 3 ``model.fit`` under the runtime's strategies (torch backend).
 
-Set ``KERAS_BACKEND=torch`` before Keras is imported, and import ``cluster.keras`` before
-building the model; then build and compile inside ``strategy.scope()`` and
-call ``fit`` unchanged. In a task of a launched cluster (not a doctest: it needs the cluster)::
+Set ``KERAS_BACKEND=torch`` before Keras is imported; then build and compile inside
+``strategy.scope()`` and call ``fit`` unchanged. Entering a strategy's scope in a program that
+imported Keras imports this module (a scope hook of the package root), so the program needs no
+import of its own. In a task of a launched cluster (not a doctest: it needs the cluster)::
 
     import os
     os.environ.setdefault("KERAS_BACKEND", "torch")
-    import keras, cluster, cluster.keras
+    import keras, cluster
 
     strategy = cluster.MultiWorkerMirroredStrategy()
     with strategy.scope():
@@ -16,7 +17,7 @@ call ``fit`` unchanged. In a task of a launched cluster (not a doctest: it needs
                       metrics=["accuracy"])
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3)   # same x, y on every task
 
-``import cluster.keras`` wraps ``keras.Model.compile`` once (the only change to a Keras class):
+Importing this module wraps ``keras.Model.compile`` once (the only change to a Keras class):
 a model compiled inside a strategy's scope is passed to :func:`distribute`, which makes it
 data-parallel through Keras' own customisation points on that model and its optimizer
 (:mod:`cluster.keras._model`). Outside a scope, ``compile`` is Keras' own. What it gives:

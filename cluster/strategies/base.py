@@ -88,6 +88,7 @@ class Strategy:
         if not _context.is_default(_context.current_frame().strategy):
             require_cross_replica(self, "strategy.scope()",
                                   "enter the scope before calling strategy.run")
+        _context.entering_scope(self)
         with _context.push(self, None):
             yield self
 

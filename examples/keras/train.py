@@ -21,7 +21,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import cluster  # noqa: E402
-import cluster.keras  # noqa: E402, F401  (before the model is built and compiled)
 
 HERE = Path(__file__).resolve().parent
 DIGITS = HERE.parent / "quickstart" / "digits.npz"
