@@ -264,6 +264,9 @@ class CoordinationClient:
         self._digest = digest
         self._token = token
         self._interval = interval
+        # Its own generator: drawing from the global one would change a user's seeded sequence
+        # (Keras' default seeds come from it) depending on when the heartbeat thread runs.
+        self._jitter = random.Random()
         self._timeout = timeout
         self._startup_timeout = max(timeout, startup_timeout or 0.0)
         self._on_event = on_event
@@ -378,7 +381,7 @@ class CoordinationClient:
         known = self._unregistered
         if known is None or known[1]:
             return min(self._interval, max(0.1, self._tasks / 500))
-        return self._interval * random.uniform(0.9, 1.1)
+        return self._interval * self._jitter.uniform(0.9, 1.1)
 
     @property
     def lost(self) -> PeerUnavailableError | None:
@@ -407,7 +410,7 @@ class CoordinationClient:
             known = self._unregistered
             if not joined and known is not None and known[1] == 0:
                 joined = True  # start the steady beat at a random phase: no bursts of N calls
-                if self._stopping.wait(self._interval * random.random()):
+                if self._stopping.wait(self._interval * self._jitter.random()):
                     return
 
     def beat(self) -> HeartbeatAnswer | None:
