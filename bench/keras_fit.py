@@ -39,6 +39,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._results import task_result  # noqa: E402
+from bench.record import (  # noqa: E402
+    CORES_PER_RANK,
+    Column,
+    Figure,
+    Plot,
+    Table,
+    cores_per_rank,
+    machine_line,
+    write_result,
+)
 from cluster.ctl.ports import pick_free_ports  # noqa: E402
 from cluster.testing import TaskProcesses, loopback_cluster, tf_config  # noqa: E402
 
@@ -108,7 +118,6 @@ def _rank(system: str, config: dict) -> list[float]:
     import keras
 
     import cluster
-    import cluster.keras  # noqa: F401  (before the model is compiled)
 
     strategy = cluster.MultiWorkerMirroredStrategy() if system == "ours" else None
     keras.utils.set_random_seed(0)
@@ -179,25 +188,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path,
+                        help="also write a result file here (bench/record.py)")
     args = parser.parse_args(argv)
     if args.rank:
         system, config = args.rank
         print(LINE + json.dumps(_rank(system, json.loads(config))), flush=True)
         return 0
+    print(machine_line(args.nprocs), flush=True)
     print(f"{'model':>5} {'N':>2} {'system':<13} {'steps/s':>8} {'ms/step':>8} "
-          f"{'comm share':>10}")
+          f"{'comm share':>10} {'x DDP':>6}")
+    rows: list[list] = []
     for model in args.models:
         config = {"model": model, "hidden": args.hidden or HIDDEN[model], "batch": args.batch,
                   "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
         alone = statistics.median(run("alone", 1, config)) / args.steps
+        rows.append([model, 1, cores_per_rank(1), "alone", 1 / alone, alone * 1e3, None, None])
         print(f"{model:>5} {1:>2} {'alone':<13} {1 / alone:8.1f} {alone * 1e3:8.1f}", flush=True)
         for n in args.nprocs:
-            for system in [*(f"ours {p}" for p in args.paths), "DDP gloo"]:
-                step = statistics.median(run(system, n, config)) / args.steps
+            steps = {system: statistics.median(run(system, n, config)) / args.steps
+                     for system in [*(f"ours {p}" for p in args.paths), "DDP gloo"]}
+            for system, step in steps.items():
                 share = max(1.0 - alone / step, 0.0)
+                ratio = steps["DDP gloo"] / step
+                rows.append([model, n, cores_per_rank(n), system, 1 / step, step * 1e3,
+                             100 * share, ratio])
                 print(f"{model:>5} {n:>2} {system:<13} {1 / step:8.1f} {step * 1e3:8.1f} "
-                      f"{share:10.0%}", flush=True)
+                      f"{share:10.0%} {ratio:5.2f}x", flush=True)
+    if args.json:
+        write_result(args.json, name=args.json.stem, title="Keras model.fit against DDP",
+                     summary=SUMMARY, script="keras_fit.py",
+                     argv=list(sys.argv[1:] if argv is None else argv),
+                     tables=[result_table(rows)], figures=result_figures(rows),
+                     plots=[Plot(title="fit steps/s over DDP's", table=0, kind="bar",
+                                 x=("model", "N", "system"), y=("x DDP",),
+                                 ylabel="x DDP (above 1: ours faster)")])
     return 0
+
+
+# -- result file -----------------------------------------------------------------------------
+
+SUMMARY = ("Keras model.fit steps/s of an MLP under cluster.keras (MultiWorkerMirroredStrategy, "
+           "each path) beside the same Keras model under torch DDP (gloo) with a torch loop, and "
+           "one process alone; one thread per process, medians of the repeats. Comm share: the "
+           "part of a step that distribution adds (1 - alone's step time / the step time).")
+
+
+def result_table(rows: list[list]) -> Table:
+    """One row per (model, N, system); ``x DDP`` is DDP's step time over the row's (above 1:
+    faster than DDP) for the same model and N."""
+    columns = (Column("model"), Column("N"), CORES_PER_RANK, Column("system"),
+               Column("steps/s", "steps/s", 1), Column("step", "ms", 1),
+               Column("comm share", "%", 0), Column("x DDP", "x", 2))
+    return Table(title="model.fit steps per second", columns=columns,
+                 rows=tuple(tuple(r) for r in rows))
+
+
+def result_figures(rows: list[list]) -> list[Figure]:
+    """The N=2 shared-memory ratio over DDP of each model: the page's headline."""
+    return [Figure(f"{r[0]} model, N={r[1]}, {r[3]}", r[7], "x") for r in rows
+            if r[3] == "ours shm" and r[1] == 2]
 
 
 if __name__ == "__main__":
