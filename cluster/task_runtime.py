@@ -114,7 +114,8 @@ class TaskRuntime:
             self._service = CoordinationService(
                 self.task, [t for t, _ in tasks], digest,
                 interval=interval, timeout=timeout,
-                startup_timeout=self.settings.connect_timeout)
+                startup_timeout=self.settings.connect_timeout, addresses=dict(tasks),
+                stall_timeout=self.settings.stall_timeout)
             self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
@@ -143,7 +144,7 @@ class TaskRuntime:
             self.task, self.control.incarnation, (self.coordinator, dict(tasks)[self.coordinator]),
             digest, token, interval=interval, timeout=timeout,
             startup_timeout=self.settings.connect_timeout, cluster_size=len(tasks),
-            on_event=self._on_event,
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_event,
             on_coordinator_lost=self._on_coordinator_lost)
         self._server.start()
         if self._service is not None:

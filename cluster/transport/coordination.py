@@ -15,12 +15,19 @@ interval (no call holds a server thread between heartbeats).
 - Preemption: a task that only serves reports ``PREEMPTED`` when it gets SIGTERM and serves
   on for its grace period; every task hears of it like any event (the coordinator's task at
   once), and nothing stops because of it.
-- Liveness: a task heartbeats every ``interval``; one silent for ``timeout`` is declared lost
+- Liveness: a task heartbeats every ``interval``; one silent for ``timeout`` is probed
+  (:mod:`~cluster.transport._reachable`: a TCP connect to its server, answered by its kernel)
+  and declared lost when its address does not answer: dead or cut off. One whose host answers
+  is alive but busy (a long call holding the GIL): it is reported as stalled, with a warning
+  naming it, and declared lost only after ``stall_timeout`` seconds of silence
   (:class:`~cluster.transport.membership.Membership`). A task that finds a peer's connection
   broken, or fails, reports it. Every reply carries the events the caller has not seen, so every
   task learns of a loss or failure within one interval of the coordinator knowing.
-- The coordinator itself: a task whose heartbeats have failed for ``timeout`` seconds treats the
-  coordinator as lost (``on_coordinator_lost``), the same bound as for any task.
+- The coordinator itself: a task whose heartbeats have failed for ``timeout`` seconds probes
+  the coordinator's address the same way, and treats the coordinator as lost
+  (``on_coordinator_lost``) when it does not answer, or after ``stall_timeout`` when it does.
+- A clock of its own that was stalled (this process held the GIL longer than ``timeout``)
+  measured its own silence, not the peers': the service restarts every task's silence then.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
@@ -40,6 +47,7 @@ from cluster.deadline import Deadline
 from cluster.errors import PeersNotReadyError, PeerUnavailableError
 from cluster.transport._grpc_errors import fails_at_connect, status_name, translate
 from cluster.transport._pb import coordination_pb2
+from cluster.transport._reachable import answering
 from cluster.transport._still_waiting import StillWaiting, describe_unregistered
 from cluster.transport.auth import Token
 from cluster.transport.membership import (
@@ -127,11 +135,17 @@ class CoordinationService:
     """The ``Coordination`` service, hosted by one task; see the module docstring.
 
     ``tasks`` are every task of the cluster; ``me`` is the hosting task; ``digest`` its
-    :func:`cluster_digest`. :meth:`start` runs the expiry clock, :meth:`stop` ends it.
+    :func:`cluster_digest`. With ``addresses`` (``{task: "host:port"}``) and ``stall_timeout``,
+    a silent task whose address answers ``probe`` is stalled, not lost, until ``stall_timeout``;
+    without them a silent task is lost after ``timeout``. :meth:`start` runs the expiry clock,
+    :meth:`stop` ends it.
     """
 
     def __init__(self, me: str, tasks: Sequence[str], digest: bytes, *, interval: float,
                  timeout: float, startup_timeout: float | None = None,
+                 addresses: Mapping[str, str] | None = None,
+                 stall_timeout: float | None = None,
+                 probe: Callable[[Mapping[str, str]], set[str]] = answering,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.me = me
         self.incarnation = int.from_bytes(os.urandom(8), "little")
@@ -139,7 +153,13 @@ class CoordinationService:
         self._interval = interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._membership = Membership(tuple(tasks), timeout, startup_timeout=startup_timeout)
+        self._addresses = dict(addresses or {})
+        self._probe = probe
+        if stall_timeout is not None:
+            stall_timeout = max(stall_timeout, timeout)
+        self._membership = Membership(tuple(tasks), timeout, startup_timeout=startup_timeout,
+                                      stall_timeout=stall_timeout if self._addresses else None)
+        self._stalled: set[str] = set()  # the tasks a stall warning named
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._expire_loop, name="coordination-clock",
                                         daemon=True)
@@ -190,12 +210,53 @@ class CoordinationService:
 
     def _expire_loop(self) -> None:
         # A clock, not a poll: silence is only visible by looking at the time.
+        last = self._clock()
         while not self._stopping.wait(self._interval / 2):
+            self.tick(last)
+            last = self._clock()
+
+    def tick(self, last: float) -> None:
+        """One turn of the expiry clock, whose previous turn ended at ``last``: probe the
+        suspects (outside the lock: a cut-off host takes the probe's whole timeout), expire,
+        warn of new stalls."""
+        now = self._clock()
+        if now - last > self._membership.timeout:
+            log.warning("%s: the coordination service itself was stalled for %.1f s (this "
+                        "process held the GIL?): every task's silence restarts", self.me,
+                        now - last)
             with self._lock:
-                events = self._membership.expire(self._clock())
-            for event in events:
-                log.warning("%s: %s is lost: %s", self.me, event.task, event.message)
-                self._tell_host(event)
+                self._membership.refresh(now)
+        with self._lock:
+            suspects = self._membership.suspects(now)
+        answered: set[str] = set()
+        if suspects and self._membership.stall_timeout is not None:
+            answered = self._probe({t: self._addresses[t] for t in suspects
+                                    if t in self._addresses})
+        with self._lock:
+            # The same ``now``: only the tasks just probed can be found silent (a heartbeat
+            # that arrived meanwhile only shortens a silence).
+            events = self._membership.expire(now, answered)
+            stalled = self._membership.stalled(now)
+        self._warn_stalls(stalled)
+        for event in events:
+            log.warning("%s: %s is lost: %s", self.me, event.task, event.message)
+            self._tell_host(event)
+
+    def _warn_stalls(self, stalled: dict[str, float]) -> None:
+        for task, silent in stalled.items():
+            if task not in self._stalled:
+                self._stalled.add(task)
+                log.warning(
+                    "%s: %s is stalled: no heartbeat for %.1f s, but its host answers (alive "
+                    "but busy: a long call holding the GIL, or stopped); it is lost after %g s "
+                    "of silence (CLUSTER_STALL_TIMEOUT)", self.me, task, silent,
+                    self._membership.stall_timeout)
+        for task in self._stalled - set(stalled):
+            self._stalled.discard(task)
+            with self._lock:
+                lost = task in self._membership.lost()
+            if not lost:
+                log.warning("%s: %s answers again after its stall", self.me, task)
 
     def _tell_host(self, event: Event) -> None:
         if self.on_event is not None and event.task != self.me:
@@ -249,13 +310,17 @@ class CoordinationClient:
 
     ``on_event(event)`` is called (from the heartbeat thread) for each event about another task,
     in log order; ``on_coordinator_lost(error)`` once, when the coordinator has not answered for
-    ``timeout`` seconds. Call :meth:`register`, then :meth:`start`; :meth:`close` reports a
-    clean departure (``leave=True``) and stops the thread.
+    ``timeout`` seconds and its address does not answer ``probe`` either (with
+    ``stall_timeout``: else at once), or has not answered for ``stall_timeout`` seconds. Call
+    :meth:`register`, then :meth:`start`; :meth:`close` reports a clean departure
+    (``leave=True``) and stops the thread.
     """
 
     def __init__(self, me: str, incarnation: int, coordinator: tuple[str, str], digest: bytes,
                  token: Token, *, interval: float, timeout: float,
                  startup_timeout: float | None = None, cluster_size: int = 1,
+                 stall_timeout: float | None = None,
+                 probe: Callable[[Mapping[str, str]], set[str]] = answering,
                  on_event: Callable[[Event], None],
                  on_coordinator_lost: Callable[[PeerUnavailableError], None]) -> None:
         self.me = me
@@ -266,6 +331,9 @@ class CoordinationClient:
         self._interval = interval
         self._timeout = timeout
         self._startup_timeout = max(timeout, startup_timeout or 0.0)
+        self._stall_timeout = stall_timeout
+        self._probe = probe
+        self._stalled = False  # the coordinator is silent but its host answers
         self._on_event = on_event
         self._on_lost = on_coordinator_lost
         # Small messages only: no bulk-transfer buffers (they cost ~250 KiB per connection).
@@ -386,11 +454,20 @@ class CoordinationClient:
         to it: reports and the goodbye are skipped)."""
         return self._lost
 
-    def _bound(self) -> float:
-        """How long the coordinator may stay silent: the start-up deadline until every task
-        has registered (a coordinator starved while interpreters start), then ``timeout``."""
+    def _suspect_after(self) -> float:
+        """The silence after which the coordinator is probed: the start-up deadline until every
+        task has registered (a coordinator starved while interpreters start), then
+        ``timeout``."""
         known = self._unregistered
         return self._startup_timeout if known is None or known[1] > 0 else self._timeout
+
+    def _bound(self) -> float:
+        """How long the coordinator may stay silent: :meth:`_suspect_after`, or
+        ``stall_timeout`` once its host answered a probe."""
+        bound = self._suspect_after()
+        if self._stalled and self._stall_timeout is not None:
+            return max(bound, self._stall_timeout)
+        return bound
 
     def _until_lost(self) -> float:
         """Seconds until the coordinator's silence reaches :meth:`_bound` (may be <= 0)."""
@@ -400,9 +477,18 @@ class CoordinationClient:
         joined = False
         # The waits end at the bound too, so a silent coordinator is declared lost when its
         # silence reaches the timeout, not up to one period plus one call later.
-        while not self._stopping.wait(max(0.0, min(self._period(), self._until_lost()))):
+        while True:
+            wait = max(0.0, min(self._period(), self._until_lost()))
+            started = time.monotonic()
+            if self._stopping.wait(wait):
+                return
             if self._lost is not None:
                 return  # nothing more to hear from it
+            late = time.monotonic() - started - wait
+            if late > self._timeout:
+                # This process was stalled (a call holding the GIL): the silence is our own.
+                with self._changed:
+                    self._last_answer = time.monotonic()
             self.beat()
             known = self._unregistered
             if not joined and known is not None and known[1] == 0:
@@ -419,6 +505,7 @@ class CoordinationClient:
         request = coordination_pb2.CoordinationHeartbeatRequest(
             task=self.me, incarnation=self.incarnation, events_seen=self._events_seen)
         timeout = max(0.05, min(max(self._interval, 0.5), self._until_lost() + 0.01))
+        sent = time.monotonic()
         try:
             call = self._heartbeat_call.future(request, timeout=timeout,
                                                metadata=self._token.metadata)
@@ -427,6 +514,11 @@ class CoordinationClient:
                 call.cancel()
             reply = call.result()
         except grpc.RpcError as e:
+            if time.monotonic() - sent > timeout + self._timeout:
+                # This process was stalled during the call: the silence is our own.
+                with self._changed:
+                    self._last_answer = time.monotonic()
+                return None
             self._no_answer(status_name(e))
             return None
         except grpc.FutureCancelledError:
@@ -434,7 +526,10 @@ class CoordinationClient:
         finally:
             self._in_flight = None
         events = tuple(e for e in map(_from_wire, reply.events) if e is not None)
+        if self._stalled:
+            log.warning("%s: %s answers again after its stall", self.me, self._peer())
         with self._changed:
+            self._stalled = False
             self._last_answer = time.monotonic()
             self._events_seen = reply.next_event
             self._unregistered = (tuple(reply.unregistered), reply.unregistered_count)
@@ -449,10 +544,31 @@ class CoordinationClient:
     def _no_answer(self, status: str) -> None:
         with self._changed:
             silent = time.monotonic() - self._last_answer
-            if self._lost is not None or silent < self._bound() or self._stopping.is_set():
+            if self._lost is not None or silent < self._suspect_after() or self._stopping.is_set():
                 return
+            stall_bound = max(self._suspect_after(), self._stall_timeout or 0.0)
+        why = ""
+        if self._stall_timeout is not None:
+            if silent >= stall_bound:
+                why = f": stalled (its host answers) beyond {stall_bound:g} s"
+            elif self._probe({self.coordinator: self.address}):
+                if not self._stalled:
+                    log.warning(
+                        "%s: %s is stalled: no answer for %.1f s [%s], but its host answers "
+                        "(alive but busy: a long call holding the GIL, or stopped); it is lost "
+                        "after %g s of silence (CLUSTER_STALL_TIMEOUT)", self.me, self._peer(),
+                        silent, status, stall_bound)
+                with self._changed:
+                    self._stalled = True
+                return
+            else:
+                why = " and its address does not answer"
+        with self._changed:
+            if self._lost is not None or self._stopping.is_set():
+                return
+            silent = time.monotonic() - self._last_answer
             self._lost = PeerUnavailableError(
-                f"{self._peer()} is unavailable: no answer for {silent:.1f} s [{status}]",
+                f"{self._peer()} is unavailable: no answer for {silent:.1f} s [{status}]{why}",
                 task=self.coordinator, address=self.address)
             error = self._lost
             self._changed.notify_all()
