@@ -551,7 +551,7 @@ class TaskRuntime:
             if self._service is not None:
                 self._service.stop()
             self.control.stop()
-            self._control.close()
+            self._control.close(Deadline.after(max(deadline.remaining(), 0.1)))
             self._server.stop(0.0 if failed else grace)
         for hook in self._close_hooks:
             hook(self)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
+from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.transport._grpc_errors import is_cancelled, status_name
 from cluster.transport._pb import control_pb2
@@ -165,13 +166,16 @@ class HeartbeatMonitor:
             thread.start()
         self._watchdog.start()
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Stop watching: cancel every stream, and wait for the threads until ``deadline``
+        (default 2 s from now) at most."""
+        deadline = deadline or Deadline.after(2.0)
         self._closing.set()
         for call in self._calls.values():
             call.cancel()
         for thread in [*self._threads, self._watchdog]:
-            if thread.is_alive():
-                thread.join(timeout=2.0)
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(deadline.timeout())
 
     def _report(self, peer: PeerInfo, error: PeerUnavailableError | None) -> None:
         with self._lock:

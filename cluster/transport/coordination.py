@@ -45,6 +45,7 @@ import grpc
 
 from cluster.deadline import Deadline
 from cluster.errors import PeersNotReadyError, PeerUnavailableError
+from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import fails_at_connect, status_name, translate
 from cluster.transport._pb import coordination_pb2
 from cluster.transport._reachable import answering
@@ -601,7 +602,8 @@ class CoordinationClient:
             call.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
+        deadline = deadline or Deadline.after(1.0)
         if leave and self._lost is None:
-            self.report(Event(EventKind.LEFT, self.me, reporter=self.me),
-                        deadline or Deadline.after(1.0))
-        self._channel.close()
+            self.report(Event(EventKind.LEFT, self.me, reporter=self.me), deadline)
+        close_channels([self._channel], Deadline.after(max(deadline.remaining(), 0.1)),
+                       what=f"{self.me}'s coordination channel")
