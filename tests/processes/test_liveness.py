@@ -12,6 +12,8 @@ shorter than the hold the busy task is lost after it, so the bound is real.
 from __future__ import annotations
 
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,11 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "hold_gil.py"
+FOREVER = SCRIPT.parent / "reduce_forever.py"
 HOLD_S = 8.0  # > 2x the 3 s heartbeat timeout
+# Seconds from a SIGKILL to a survivor's exit: detection takes ~0.3 s; the rest is the
+# survivor's own shutdown on a loaded machine.
+KILL_BOUND_S = 2.0
 
 
 def _start(task_processes, marker, holder: str, when: str, path: str, **env: str):
@@ -62,3 +68,25 @@ def test_a_task_stalled_beyond_the_stall_timeout_is_lost(task_processes, marker)
     code, out = tasks[0].finish(HOLD_S + 60)
     assert code == exitcodes.EXIT_PEER_FAILED, out[-4000:]
     assert "worker:1" in out and "stalled (its host answers) beyond 4 s" in out, out[-4000:]
+
+
+def test_kill_9_mid_collective_stops_the_survivors_within_a_second(task_processes,
+                                                                     marker) -> None:
+    # A dead process's connections reset at once: no probe, no stall, no wait for a timeout.
+    cluster = loopback_cluster(worker=3)
+    env = {"CLUSTER_TEST_MARKER": marker, "CLUSTER_CONNECT_TIMEOUT": "30",
+           "CLUSTER_COLLECTIVE_PATH": "network"}
+    tasks = [task_processes.python("-m", "worker", FOREVER, cwd=REPO, env=env,
+                                   tf_config=tf_config(cluster, "worker", r))
+             for r in range(3)]
+    for task in tasks:
+        task.read_until("ready", timeout=60)
+    killed = time.monotonic()
+    tasks[1].kill(signal.SIGKILL)
+    for task in (tasks[0], tasks[2]):
+        code, out = task.finish(KILL_BOUND_S + 5)
+        took = time.monotonic() - killed
+        assert code == exitcodes.EXIT_PEER_FAILED, out[-4000:]
+        assert re.search(r"PeerUnavailableError: worker:1\b", out), out[-4000:]
+        assert took < KILL_BOUND_S, f"exited {took:.2f} s after the SIGKILL:\n{out[-4000:]}"
+        print(f"\nexited {took:.2f} s after the SIGKILL")
