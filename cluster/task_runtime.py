@@ -44,12 +44,12 @@ from cluster.transport.auth import Token, resolve_token
 from cluster.transport.control_client import ControlClient
 from cluster.transport.coordination import SERVICE as COORDINATION_SERVICE
 from cluster.transport.coordination import (
-    CoordinationClient,
     CoordinationService,
     cluster_digest,
     coordination_timing,
     coordinator_task,
 )
+from cluster.transport.coordination_client import CoordinationClient
 from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.membership import Event, EventKind
 from cluster.transport.network import NetworkTransport
