@@ -44,6 +44,7 @@ __all__ = [
     "ENV_TLS_CA",
     "ENV_TLS_CERT",
     "ENV_TLS_KEY",
+    "ENV_STALL_TIMEOUT",
     "ENV_STALL_WARNING",
     "ENV_STEPS",
     "ENV_TIMELINE",
@@ -58,6 +59,7 @@ __all__ = [
 ENV_CONNECT_TIMEOUT = "CLUSTER_CONNECT_TIMEOUT"
 ENV_HEARTBEAT_INTERVAL = "CLUSTER_HEARTBEAT_INTERVAL"
 ENV_HEARTBEAT_TIMEOUT = "CLUSTER_HEARTBEAT_TIMEOUT"
+ENV_STALL_TIMEOUT = "CLUSTER_STALL_TIMEOUT"
 ENV_FUNCTION_TIMEOUT = "CLUSTER_FUNCTION_TIMEOUT"
 ENV_DATA_PLANE = "CLUSTER_DATA_PLANE"
 ENV_TOKEN = "CLUSTER_TOKEN"
@@ -85,6 +87,7 @@ _SECONDS = (
     ("connect_timeout", ENV_CONNECT_TIMEOUT),
     ("heartbeat_interval", ENV_HEARTBEAT_INTERVAL),
     ("heartbeat_timeout", ENV_HEARTBEAT_TIMEOUT),
+    ("stall_timeout", ENV_STALL_TIMEOUT),
     ("function_timeout", ENV_FUNCTION_TIMEOUT),
     ("stall_warning", ENV_STALL_WARNING),
 )
@@ -120,17 +123,21 @@ class TaskSettings:
     """The settings of one task; defaults are what a task gets with no ``CLUSTER_*`` variable.
 
     Timeouts (seconds): ``connect_timeout`` bounds waiting for peers (health checks, the
-    collective handshake); a peer is lost after ``heartbeat_timeout`` without a heartbeat (sent
-    every ``heartbeat_interval``); everything a stopping task still sends (failure reports,
+    collective handshake); a peer silent for ``heartbeat_timeout`` (heartbeats are sent every
+    ``heartbeat_interval``) is lost when its address does not answer a TCP connect either (it
+    died, or it is cut off), and otherwise reported as stalled (alive but busy: a long call
+    holding the GIL, a stop) and lost only once it has been silent for ``stall_timeout``
+    (at least ``heartbeat_timeout``); everything a stopping task still sends (failure reports,
     aborts, goodbyes) shares one deadline of ``report_timeout``, so an unreachable peer delays
     its exit by at most that; a function a :class:`~cluster.coordinator.ClusterCoordinator` runs
     on a worker may take ``function_timeout``; a collective that has waited ``stall_warning``
     makes its task log which collective it is in and whom it waits for, once per that period
     (:mod:`cluster.collectives._stall`).
 
-    The heartbeat defaults (0.5 s / 3 s) make a silent partition stop every task within about
-    3.5 s, and gave no false alarm in 20 runs of the training tests on 2 busy cores (load average
-    ~40); docs/guide/across-hosts.md has the figures and the trade-off.
+    The heartbeat defaults (0.5 s / 3 s, and 0.5 s for the probe of a silent peer's address) make
+    a silent partition stop every task within about 4 s, while a task busy for a minute (an
+    import, a long C call) is only reported as stalled; docs/guide/across-hosts.md has the
+    figures and the trade-off.
 
     Others: ``data_plane`` carries collective tensors (``tcp`` or ``grpc``); ``collectives``
     forces the collective path or algorithm; ``token`` is ``CLUSTER_TOKEN`` (never shown by
@@ -156,6 +163,7 @@ class TaskSettings:
     connect_timeout: float = 60.0
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 3.0
+    stall_timeout: float = 60.0
     report_timeout: float = 0.5
     function_timeout: float = 3600.0
     stall_warning: float = 60.0
@@ -176,7 +184,7 @@ class TaskSettings:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
-                     "report_timeout", "function_timeout", "stall_warning"):
+                     "stall_timeout", "report_timeout", "function_timeout", "stall_warning"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got "
                                  f"{getattr(self, name)!r}")
@@ -323,8 +331,11 @@ ENV_VARS = (
      "1: a task that only serves exits 0 once the chief has finished (Kubernetes Jobs)."),
     (ENV_CONNECT_TIMEOUT, "60", "Seconds a task waits for its peers."),
     (ENV_HEARTBEAT_INTERVAL, "0.5", "Seconds between heartbeats (stretched beyond 500 tasks)."),
-    (ENV_HEARTBEAT_TIMEOUT, "3", "Seconds of silence after which a peer is lost (see "
-     "docs/guide/across-hosts.md)."),
+    (ENV_HEARTBEAT_TIMEOUT, "3", "Seconds of silence after which a peer whose address does not "
+     "answer a TCP connect (dead, or cut off) is lost (see docs/guide/across-hosts.md)."),
+    (ENV_STALL_TIMEOUT, "60", "Seconds of silence after which a peer whose host still answers "
+     "(alive but busy: a long call holding the GIL, a stop) is lost; it is reported as stalled "
+     "before. Never less than `CLUSTER_HEARTBEAT_TIMEOUT`."),
     (ENV_FUNCTION_TIMEOUT, "3600", "Seconds a coordinator's function may run on a worker."),
     (ENV_STALL_WARNING, "60", "Seconds a collective waits before its task logs which one it is "
      "in and which peer it waits for (again each period)."),

@@ -44,12 +44,12 @@ from cluster.transport.auth import Token, resolve_token
 from cluster.transport.control_client import ControlClient
 from cluster.transport.coordination import SERVICE as COORDINATION_SERVICE
 from cluster.transport.coordination import (
-    CoordinationClient,
     CoordinationService,
     cluster_digest,
     coordination_timing,
     coordinator_task,
 )
+from cluster.transport.coordination_client import CoordinationClient
 from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.membership import Event, EventKind
 from cluster.transport.network import NetworkTransport
@@ -114,7 +114,8 @@ class TaskRuntime:
             self._service = CoordinationService(
                 self.task, [t for t, _ in tasks], digest,
                 interval=interval, timeout=timeout,
-                startup_timeout=self.settings.connect_timeout)
+                startup_timeout=self.settings.connect_timeout, addresses=dict(tasks),
+                stall_timeout=self.settings.stall_timeout)
             self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
@@ -143,7 +144,7 @@ class TaskRuntime:
             self.task, self.control.incarnation, (self.coordinator, dict(tasks)[self.coordinator]),
             digest, token, interval=interval, timeout=timeout,
             startup_timeout=self.settings.connect_timeout, cluster_size=len(tasks),
-            on_event=self._on_event,
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_event,
             on_coordinator_lost=self._on_coordinator_lost)
         self._server.start()
         if self._service is not None:
@@ -550,7 +551,7 @@ class TaskRuntime:
             if self._service is not None:
                 self._service.stop()
             self.control.stop()
-            self._control.close()
+            self._control.close(Deadline.after(max(deadline.remaining(), 0.1)))
             self._server.stop(0.0 if failed else grace)
         for hook in self._close_hooks:
             hook(self)

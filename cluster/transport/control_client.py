@@ -16,6 +16,7 @@ import grpc
 
 from cluster.deadline import Deadline
 from cluster.errors import UnauthenticatedError
+from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import is_unauthenticated, status_name
 from cluster.transport._pb import control_pb2
 from cluster.transport.auth import Token
@@ -143,8 +144,9 @@ class ControlClient:
         return self.broadcast("Shutdown", control_pb2.ShutdownRequest(reason=reason),
                               control_pb2.ShutdownReply, peers, deadline)
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Close every channel, waiting until ``deadline`` at most (default
+        :data:`~cluster.transport._closing.CLOSE_TIMEOUT` from now)."""
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            channel.close()
+        close_channels(channels, deadline, what=f"{self._me}'s control channel")

@@ -8,11 +8,19 @@ Rules:
 
 - The cluster's tasks are fixed at construction. A task joins with :meth:`Membership.register`
   (a new incarnation replaces an old one: the task restarted, and is alive again).
-- Every heartbeat refreshes the task; :meth:`Membership.expire` declares a registered task
-  ``LOST`` once it has been silent for ``timeout`` seconds, unless it reported ``LEFT`` (a clean
-  shutdown, which is never logged: peers learn of it from their own connections). A task is
-  declared lost at most once per incarnation, and a report of its loss by a peer (a broken
-  connection) counts the same.
+- Every heartbeat refreshes the task. A registered task silent for ``timeout`` seconds is a
+  suspect (:meth:`Membership.suspects`): the service probes its address
+  (:mod:`~cluster.transport._reachable`) and :meth:`Membership.expire` declares it ``LOST``
+  unless its host answered. One that answers is alive but busy (a long call holding the GIL, a
+  stop): it is *stalled* (:meth:`Membership.stalled`), not lost, until it has been silent for
+  ``stall_timeout`` seconds; a stalled task is probed again at most every
+  :data:`REPROBE_PERIOD` seconds. Without ``stall_timeout`` a silent task is lost after
+  ``timeout`` whatever its host says. A task that reported ``LEFT`` (a clean shutdown, which is
+  never logged: peers learn of it from their own connections) is never lost. A task is declared
+  lost at most once per incarnation, and a report of its loss by a peer (a broken connection)
+  counts the same.
+- :meth:`Membership.refresh` restarts every task's silence: the service calls it when its own
+  clock was stalled (the silence it would measure is its own).
 - Events (``LOST``, ``FAILED``, ``ABORTED``, ``PREEMPTED``: each at most once per task
   incarnation) go to one append-only log; a heartbeat returns the events the caller has not
   seen, at most ``max_events`` at a time, so a reply's size is bounded whatever happened.
@@ -26,11 +34,14 @@ Rules:
 from __future__ import annotations
 
 import enum
+from collections.abc import Container
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "EventKind", "HeartbeatAnswer", "Membership", "UnknownTaskError"]
+__all__ = ["REPROBE_PERIOD", "Event", "EventKind", "HeartbeatAnswer", "Membership",
+           "UnknownTaskError"]
 
 MAX_EVENT_TEXT = 2000  # characters of an event's message kept (a report is not a log)
+REPROBE_PERIOD = 1.0  # seconds between probes of a stalled task (each one lands in its backlog)
 
 
 class EventKind(enum.Enum):
@@ -80,6 +91,7 @@ class _Member:
     aborted: bool = False
     preempted: bool = False
     seen: int = 0  # events of the log this task has been sent
+    answered: float | None = None  # when its host last answered a probe while it was silent
 
 
 @dataclass
@@ -91,6 +103,7 @@ class Membership:
     max_events: int = 256
     max_listed: int = 64
     startup_timeout: float | None = None  # the silence allowed until every task registered
+    stall_timeout: float | None = None  # the silence allowed to a task whose host answers
     _members: dict[str, _Member] = field(init=False)
     _waiting: int = field(init=False, default=0)  # tasks never registered: no scan per beat
     _events: list[Event] = field(init=False, default_factory=list)
@@ -98,6 +111,9 @@ class Membership:
     def __post_init__(self) -> None:
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.stall_timeout is not None and not self.stall_timeout >= self.timeout:
+            raise ValueError(f"stall_timeout must be >= timeout ({self.timeout:g} s), got "
+                             f"{self.stall_timeout!r}")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("tasks must be distinct")
         self._members = {t: _Member() for t in self.tasks}
@@ -138,6 +154,7 @@ class Membership:
             raise UnknownTaskError(f"{task} is not registered with incarnation {incarnation:#x}")
         if not member.lost:
             member.last_seen = now
+            member.answered = None
         start = min(max(events_seen, 0), len(self._events))
         events = tuple(self._events[start:start + self.max_events])
         member.seen = start + len(events)
@@ -181,24 +198,65 @@ class Membership:
 
     # -- the coordinator's clock ---------------------------------------------------------------
 
-    def expire(self, now: float) -> list[Event]:
-        """Declare every registered task silent for more than ``timeout`` lost (more than
-        ``startup_timeout``, when given, until every task has registered); the new events."""
-        bound = self.timeout
+    def _bound(self) -> float:
         if self._waiting and self.startup_timeout is not None:
-            bound = max(self.timeout, self.startup_timeout)
+            return max(self.timeout, self.startup_timeout)
+        return self.timeout
+
+    def _silent(self, now: float) -> list[tuple[str, _Member, float]]:
+        """Registered tasks still counted alive, silent for more than the bound, with their
+        silence."""
+        bound = self._bound()
         found = []
         for task, member in self._members.items():
             if member.incarnation is None or member.lost or member.failed or member.left:
                 continue
             silent = now - member.last_seen
             if silent > bound:
-                event = Event(EventKind.LOST, task,
-                              message=f"no heartbeat for {silent:.1f} s")
-                member.lost = True
-                self._events.append(event)
-                found.append(event)
+                found.append((task, member, silent))
         return found
+
+    def suspects(self, now: float) -> tuple[str, ...]:
+        """The tasks whose address to probe before :meth:`expire`: silent for more than
+        ``timeout`` (``startup_timeout``, when given, until every task has registered), except
+        stalled ones whose host answered less than :data:`REPROBE_PERIOD` ago."""
+        return tuple(task for task, member, _ in self._silent(now)
+                     if member.answered is None or now - member.answered >= REPROBE_PERIOD)
+
+    def expire(self, now: float, answering: Container[str] = ()) -> list[Event]:
+        """Declare lost every silent task (see :meth:`suspects`) unless its host is among
+        ``answering`` (or answered within :data:`REPROBE_PERIOD`) and it has been silent for at
+        most ``stall_timeout``; those are stalled. Returns the new ``LOST`` events."""
+        found = []
+        for task, member, silent in self._silent(now):
+            if self.stall_timeout is not None and silent <= max(self.stall_timeout,
+                                                                self._bound()):
+                if task in answering:
+                    member.answered = now
+                    continue
+                if member.answered is not None and now - member.answered < REPROBE_PERIOD:
+                    continue  # not probed this round: its last answer stands
+            why = f"no heartbeat for {silent:.1f} s"
+            if self.stall_timeout is None:
+                pass
+            elif member.answered is None:
+                why += " and its address does not answer"
+            elif task in answering:
+                why += f": stalled (its host answers) beyond {self.stall_timeout:g} s"
+            else:
+                why += ": stalled, then its address stopped answering"
+            event = Event(EventKind.LOST, task, message=why)
+            member.lost = True
+            self._events.append(event)
+            found.append(event)
+        return found
+
+    def refresh(self, now: float) -> None:
+        """Restart every task's silence at ``now`` (the caller's own clock was stalled)."""
+        for member in self._members.values():
+            if member.incarnation is not None:
+                member.last_seen = max(member.last_seen, now)
+                member.answered = None
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -213,6 +271,11 @@ class Membership:
         return tuple(t for t, m in self._members.items()
                      if m.incarnation is not None and not (m.lost or m.failed or m.left)
                      and m.seen < total)
+
+    def stalled(self, now: float) -> dict[str, float]:
+        """``{task: seconds silent}`` of the tasks counted alive because their host answers."""
+        return {task: now - member.last_seen for task, member in self._members.items()
+                if member.answered is not None and not member.lost}
 
     def lost(self) -> tuple[str, ...]:
         return tuple(t for t, m in self._members.items() if m.lost)

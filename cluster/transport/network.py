@@ -56,6 +56,7 @@ from cluster.errors import (
 )
 from cluster.settings import DATA_PLANES, ENV_DATA_PLANE
 from cluster.transport import _malloc
+from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import fails_at_connect, spec_mismatch, status_name, translate
 from cluster.transport._grpc_plane import MAX_FRAME_BYTES, GrpcDataPlane
 from cluster.transport._mailbox import Mailbox
@@ -555,10 +556,9 @@ class NetworkTransport(Transport):
         lost = self._lost_cause()
         self._pass_on_loss(deadline, lost)  # before any goodbye, which peers take as the cause
         if self._monitor is not None:
-            self._monitor.close()
+            self._monitor.close(deadline)
         for plane in self._planes:
             plane.close(deadline, lost.task if lost is not None else "")
         self.closed = True
         self._mailbox.close()
-        for channel in self._channels.values():
-            channel.close()
+        close_channels(self._channels.values(), deadline, what=f"{self._me.task}'s peer channel")

@@ -22,6 +22,7 @@ import numpy as np
 from cluster._ps_values import AssignMode, OptimizerSpec, Pulled
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
+from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import is_exhausted, is_unimplemented, translate
 from cluster.transport._pb import ps_pb2
 from cluster.transport._ps_codec import decode_pull_reply, encode_push_request, push_chunk_messages
@@ -118,7 +119,9 @@ class PsClient:
         return f"PsClient({self.task} at {self.address})"
 
     def close(self) -> None:
-        self._channel.close()
+        """Close the channel, waiting at most
+        :data:`~cluster.transport._closing.CLOSE_TIMEOUT`."""
+        close_channels([self._channel], what=f"channel to {self.task}")
 
     def __enter__(self) -> PsClient:
         return self
@@ -280,5 +283,4 @@ class PsWatch:
 
     def close(self) -> None:
         self._monitor.close()
-        for channel in self._channels.values():
-            channel.close()
+        close_channels(self._channels.values(), what="parameter-server watch channel")

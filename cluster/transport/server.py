@@ -185,11 +185,12 @@ class TaskServer:
         self._started = True
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving; in-flight calls get ``grace`` seconds. Idempotent."""
+        """Stop serving; in-flight calls get ``grace`` seconds (``None``: until they end), and
+        the wait for the server's own shutdown ends 1 s after that at most. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
-        self._server.stop(grace).wait(None if grace is None else grace + 5.0)
+        self._server.stop(grace).wait(None if grace is None else grace + 1.0)
 
     def __enter__(self) -> TaskServer:
         return self

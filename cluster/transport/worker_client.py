@@ -15,6 +15,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import grpc
 
 from cluster.errors import PeerUnavailableError
+from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import translate, translate_run
 from cluster.transport._pb import control_pb2, coordinator_pb2
 from cluster.transport.api import PeerInfo
@@ -140,5 +141,7 @@ class WorkerClient:
         return lambda: self._channel.unsubscribe(changed)
 
     def close(self) -> None:
-        self._channel.close()
+        """Close the channel, waiting at most
+        :data:`~cluster.transport._closing.CLOSE_TIMEOUT`."""
+        close_channels([self._channel], what="channel to a worker")
 

@@ -184,14 +184,14 @@ def test_a_preemption_notice_reaches_every_task_and_the_host_at_once(cluster) ->
 
 
 def test_an_event_kind_this_version_does_not_know_is_ignored_not_taken_for_a_loss() -> None:
+    from cluster.transport._coordination_wire import from_wire
     from cluster.transport._pb import coordination_pb2
-    from cluster.transport.coordination import _from_wire
 
     unknown = coordination_pb2.ClusterEvent(kind=99, task="worker:0")  # a newer peer's kind
-    assert _from_wire(unknown) is None
+    assert from_wire(unknown) is None
     known = coordination_pb2.ClusterEvent(kind=coordination_pb2.ClusterEvent.PREEMPTED,
                                           task="worker:0")
-    assert _from_wire(known).kind is EventKind.PREEMPTED
+    assert from_wire(known).kind is EventKind.PREEMPTED
 
 
 def test_closing_never_waits_on_a_silent_coordinator() -> None:

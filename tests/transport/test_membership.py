@@ -182,3 +182,62 @@ def test_a_notice_from_a_task_already_gone_is_stale_and_dropped(before) -> None:
     logged = len(m.events)
     assert m.report(Event(EventKind.PREEMPTED, "worker:0", reporter="worker:0"), 2.0) is False
     assert len(m.events) == logged and m.preempted() == ()
+
+
+# -- silent but answering: stalled, not lost ---------------------------------------------------
+
+def _stallable(stall: float = 60.0) -> Membership:
+    m = Membership(TASKS, timeout=5.0, stall_timeout=stall)
+    for i, task in enumerate(TASKS):
+        m.register(task, incarnation=100 + i, now=0.0)
+    for i, task in enumerate(TASKS[:2]):
+        m.heartbeat(task, 100 + i, 0, now=100.0)  # worker:1 is the only silent one
+    return m
+
+
+@pytest.mark.parametrize(("now", "answering", "lost", "stalled"), [
+    (4.0, set(), (), ()),                            # within the timeout: not even probed
+    (6.0, set(), ("worker:1",), ()),                 # silent, its address does not answer
+    (6.0, {"worker:1"}, (), ("worker:1",)),          # silent, its host answers: busy
+    (60.0, {"worker:1"}, (), ("worker:1",)),         # exactly the stall timeout
+    (60.5, {"worker:1"}, ("worker:1",), ()),         # beyond it, even if its host answers
+])
+def test_a_silent_task_is_lost_only_when_its_address_does_not_answer(now, answering, lost,
+                                                                     stalled) -> None:
+    m = _stallable()
+    assert m.suspects(now) == (("worker:1",) if now > 5.0 else ())
+    events = m.expire(now, answering)
+    assert tuple(e.task for e in events) == lost
+    assert tuple(m.stalled(now)) == stalled
+
+
+def test_a_stalled_task_is_probed_again_and_lost_once_its_address_stops_answering() -> None:
+    m = _stallable()
+    assert m.expire(6.0, {"worker:1"}) == []
+    assert m.suspects(6.5) == ()                     # answered less than a second ago
+    assert m.expire(6.5) == []                       # its last answer stands
+    assert m.suspects(7.0) == ("worker:1",)
+    events = m.expire(7.0, set())                    # cut off (or died) while stalled
+    assert [e.task for e in events] == ["worker:1"]
+    assert "stalled, then its address stopped answering" in events[0].message
+
+
+def test_a_stalled_task_that_heartbeats_again_is_no_longer_stalled() -> None:
+    m = _stallable()
+    m.expire(20.0, {"worker:1"})
+    assert m.stalled(20.0) == {"worker:1": 20.0}
+    m.heartbeat("worker:1", 102, 0, now=21.0)
+    assert m.stalled(21.0) == {} and m.suspects(25.0) == ()
+    assert m.expire(200.0, set()) and m.lost() == TASKS  # everyone, silent since
+
+
+def test_refresh_restarts_every_silence() -> None:
+    m = _stallable()
+    m.refresh(50.0)  # the service's own clock was stalled until 50
+    assert m.suspects(54.0) == () and m.expire(54.0) == []
+    assert m.suspects(56.0) == TASKS[2:]
+
+
+def test_the_stall_timeout_is_never_below_the_timeout() -> None:
+    with pytest.raises(ValueError, match="stall_timeout must be >= timeout"):
+        Membership(TASKS, timeout=5.0, stall_timeout=1.0)
