@@ -172,7 +172,8 @@ class WorkerDispatcher:
             self._monitor.close()
         self._lost.clear()
         self._monitor = self.client.watch(self._gone, interval=self._settings.heartbeat_interval,
-                                          timeout=self._settings.heartbeat_timeout)
+                                          timeout=self._settings.heartbeat_timeout,
+                                          stall_timeout=self._settings.stall_timeout)
         self._queue.set_up(self.index, True)
 
     def _mark_down(self, why: str) -> None:

@@ -118,14 +118,17 @@ class WorkerClient:
             lambda reply: reply)
 
     def watch(self, on_gone: Callable[[PeerUnavailableError | None], None], *,
-              interval: float, timeout: float) -> HeartbeatMonitor:
+              interval: float, timeout: float,
+              stall_timeout: float | None = 60.0) -> HeartbeatMonitor:
         """Start watching the worker's heartbeats: ``on_gone(error)`` once when it is lost
-        (``error``) or shuts down (``None``). Close the returned monitor to stop watching."""
+        (``error``) or shuts down (``None``); silent but still answering at its address, it is
+        stalled until ``stall_timeout`` (see :class:`HeartbeatMonitor`). Close the returned
+        monitor to stop watching."""
         monitor = HeartbeatMonitor(
             PeerInfo(-1, self._me, ""), [PeerInfo(0, self.peer.task, self.peer.address)],
             {0: self._channel}, self._token,
             on_lost=lambda _, error: on_gone(error), on_departed=lambda _: on_gone(None),
-            interval=interval, timeout=timeout)
+            interval=interval, timeout=timeout, stall_timeout=stall_timeout)
         monitor.start()
         return monitor
 
