@@ -329,7 +329,9 @@ class NcclAllReduce(CrossDeviceOps):
             arrays = []
             for c in components:
                 with c.device:
-                    arrays.append(cupy.ascontiguousarray(c))
+                    # Not ascontiguousarray alone: it makes a 0-d value shape (1,).
+                    arrays.append(c if c.flags.c_contiguous
+                                  else cupy.ascontiguousarray(c).reshape(c.shape))
             results = nccl.all_reduce_devices(comms, arrays, inner)
             if inner is not op:
                 results = [finish_mean(op, r, num_replicas_in_sync) for r in results]

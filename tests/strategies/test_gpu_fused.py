@@ -176,3 +176,15 @@ def test_cupy_gradients_update_cpu_variables_exactly(fake: FakeCuda) -> None:
     strategy.run(lambda: opt.apply_gradients([(fake.array(g, 1), v)]))
     assert type(v.value()) is np.ndarray
     assert v.numpy().tobytes() == _keras_sgd(w0, g).tobytes()
+
+
+def test_a_scalar_per_gpu_reduces_to_a_scalar_over_nccl(fake: FakeCuda) -> None:
+    strategy = cluster.MirroredStrategy(["/gpu:0", "/gpu:1"])
+
+    def value():
+        r = cluster.get_replica_context().replica_id_in_sync_group
+        return fake.array(np.float32(3.0 + 3.0 * r), r)  # 3.0 on GPU 0, 6.0 on GPU 1
+
+    mean = strategy.reduce("MEAN", strategy.run(value), axis=None)
+    assert isinstance(mean, fake.cupy.ndarray) and mean.shape == ()
+    assert float(mean) == 4.5
