@@ -33,26 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from bench.allreduce import fmt_size, parse_size  # noqa: E402
 from bench.record import Column, Figure, Table, write_result  # noqa: E402
 from cluster.testing import run_group  # noqa: E402
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 PATHS = {"shm": "auto", "network": "network"}
 TARGET = 1.15
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in UNITS:
-        return int(float(text[:-1]) * UNITS[text[-1]])
-    return int(text)
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def gpu_missing() -> str | None:
@@ -60,8 +46,8 @@ def gpu_missing() -> str | None:
     try:
         import cupy
     except ImportError:
-        return ("CuPy is not installed (uv sync --inexact --extra gpu, or --extra gpu-cuda13 "
-                "for CUDA 13 drivers)")
+        return ("CuPy is not installed (uv sync --inexact --extra gpu: CUDA 12 and 13 drivers; "
+                "--extra gpu-cuda13 for CUDA 13 builds)")
     except Exception as e:  # a broken CUDA install can fail CuPy's import with any error
         return f"CuPy cannot be imported: {e!r}"
     try:
