@@ -14,6 +14,7 @@ __all__ = [
     "ClusterError",
     "ClusterFileError",
     "ClusterSpecMismatchError",
+    "ElasticGroupError",
     "CollectiveAbortedError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
@@ -79,6 +80,16 @@ class CollectiveAbortedError(ClusterError):
     def __init__(self, message: str, *, task: str = "") -> None:
         super().__init__(message)
         self.task = task
+
+
+class ElasticGroupError(ClusterError):
+    """An elastic group cannot re-form: fewer tasks than its minimum are left (``gone``: the
+    tasks that left it), this task was declared lost, or the others never came in time. The
+    elastic run is over: the job fails as a non-elastic one does."""
+
+    def __init__(self, message: str, *, gone: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 class UnauthenticatedError(ClusterError):

@@ -34,6 +34,7 @@ __all__ = [
     "ENV_CONNECT_TIMEOUT",
     "ENV_DATA_PLANE",
     "ENV_DEVICES",
+    "ENV_ELASTIC",
     "ENV_ERROR_FILE",
     "ENV_FUNCTION_TIMEOUT",
     "ENV_GRACE_PERIOD",
@@ -53,6 +54,7 @@ __all__ = [
     "TaskSettings",
     "current",
     "install",
+    "parse_elastic",
     "parse_seconds",
 ]
 
@@ -77,6 +79,7 @@ ENV_TIMELINE = "CLUSTER_TIMELINE"  # cluster.timeline: this task's Chrome trace
 ENV_STEPS = "CLUSTER_STEPS"  # cluster.timeline: this task's step records
 ENV_STALL_WARNING = "CLUSTER_STALL_WARNING"  # cluster.collectives._stall
 ENV_DEVICES = "CLUSTER_DEVICES"  # cluster.strategies._devices.choose_task_device
+ENV_ELASTIC = "CLUSTER_ELASTIC"  # MIN:MAX: cluster.elastic; set by clusterctl --elastic
 ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"  # read for the device choice's log line only
 
 DATA_PLANES = ("tcp", "grpc")
@@ -104,6 +107,18 @@ def parse_seconds(name: str, text: str) -> float:
     if not 0 < value < float("inf"):  # also rejects nan
         raise TaskConfigError(f"{name}: expected a finite number of seconds > 0, got {text!r}")
     return value
+
+
+def parse_elastic(text: str) -> tuple[int, int]:
+    """``CLUSTER_ELASTIC``'s ``MIN:MAX`` (1 <= MIN <= MAX); :class:`TaskConfigError` naming the
+    variable and the fix otherwise."""
+    low, sep, high = text.partition(":")
+    if sep and low.strip().isdigit() and high.strip().isdigit():
+        bounds = int(low), int(high)
+        if 1 <= bounds[0] <= bounds[1]:
+            return bounds
+    raise TaskConfigError(f"{ENV_ELASTIC}={text!r}: expected MIN:MAX with 1 <= MIN <= MAX "
+                          "(the bounds of the elastic group's size, e.g. 2:4)")
 
 
 def _parse_grace(text: str) -> float:
@@ -181,6 +196,7 @@ class TaskSettings:
     steps_file: str | None = None
     devices: str = "cpu"
     cuda_visible_devices: str | None = None
+    elastic: tuple[int, int] | None = None  # CLUSTER_ELASTIC: (min, max) replicas
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -261,6 +277,9 @@ class TaskSettings:
                     "rank)")
             values["devices"] = devices
         values["cuda_visible_devices"] = env.get(ENV_CUDA_VISIBLE)
+        elastic = env.get(ENV_ELASTIC, "").strip()
+        if elastic:
+            values["elastic"] = parse_elastic(elastic)
         return cls(**values)
 
 
@@ -343,6 +362,9 @@ ENV_VARS = (
     (ENV_DEVICES, "cpu", "Where `MultiWorkerMirroredStrategy()` puts a task's replica: `cpu` "
      "(NumPy in, NumPy out, even with GPUs) or `gpu` (local rank r takes GPU r of those "
      "`CUDA_VISIBLE_DEVICES` leaves; see docs/guide/strategies.md)."),
+    (ENV_ELASTIC, "unset", "`MIN:MAX`: an elastic run (docs/guide/elastic.md): a lost worker "
+     "leaves the group, which trains on with at least MIN tasks; set by `clusterctl launch "
+     "--elastic`."),
     ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
     ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring`, `doubling` or `tree` forces the all-reduce."),
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),

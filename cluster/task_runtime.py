@@ -8,14 +8,12 @@ from there, so its control-plane cost does not grow with the cluster. It waits f
 (:meth:`TaskRuntime.wait_for_peers`), creates the collective transport on first use
 (:meth:`TaskRuntime.collective_transport`; routes to peers open lazily, where an algorithm sends),
 and tells the cluster when this task fails (:meth:`TaskRuntime.report_failure`) so every task
-stops within seconds naming the root cause.
-Preemption notices (``PREEMPTED`` events: a task that only serves got SIGTERM and serves on for
-its grace period) are informational: nothing aborts or stops on them; the coordinator's
-``PreemptionCheckpointHandler`` reads them (:attr:`TaskRuntime.preemption_notices`) and a
-serving task reports its own (:meth:`TaskRuntime.report_preemption`) and waits for the
-coordinator to finish (:meth:`TaskRuntime.wait_for_coordinator_exit`).
-:mod:`cluster.runtime` keeps the one runtime of a task process; several can live in one process
-(tests).
+stops within seconds naming the root cause; in an elastic cluster the group re-forms instead
+(:attr:`TaskRuntime.elastic`, :mod:`cluster._elastic_group`). Preemption notices are
+informational: the coordinator's ``PreemptionCheckpointHandler`` reads them
+(:attr:`TaskRuntime.preemption_notices`); a serving task reports its own and waits for the
+coordinator to finish (:meth:`TaskRuntime.wait_for_coordinator_exit`). :mod:`cluster.runtime`
+keeps the one runtime of a task process; several can live in one process (tests).
 """
 
 from __future__ import annotations
@@ -25,7 +23,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from cluster._elastic_group import ElasticGroup
 from cluster._latch import Latch
+from cluster._notices import Notices
 from cluster._placement import Placement, collective_members, resolve_placement
 from cluster.deadline import Deadline
 from cluster.errors import (
@@ -115,7 +115,8 @@ class TaskRuntime:
                 self.task, [t for t, _ in tasks], digest,
                 interval=interval, timeout=timeout,
                 startup_timeout=self.settings.connect_timeout, addresses=dict(tasks),
-                stall_timeout=self.settings.stall_timeout)
+                stall_timeout=self.settings.stall_timeout, elastic=self.settings.elastic,
+                group=[t for t, _ in collective_members(self.cluster_spec)])
             self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
@@ -132,12 +133,9 @@ class TaskRuntime:
         self._closed = False
         self._close_hooks: list[Callable[[TaskRuntime], None]] = []
         self._lost: dict[str, str] = {}  # tasks the coordination service declared lost: why
-        self._notices: dict[str, str] = {}  # tasks that reported a preemption notice: message
-        self._noticed = threading.Event()
-        # Set when the coordinator's task left or was lost, or shutdown was requested: what a
-        # serving task in its preemption grace waits for; the reason in _released_why.
-        self._released = Latch()
-        self._released_why = ""
+        # Preemption notices, and why a serving task in its preemption grace may stop (the
+        # coordinator's task left or was lost, or shutdown was requested).
+        self._notes = Notices()
         self._join_lock = threading.Lock()
         self._joined = False
         self._coordination = CoordinationClient(
@@ -146,6 +144,13 @@ class TaskRuntime:
             startup_timeout=self.settings.connect_timeout, cluster_size=len(tasks),
             stall_timeout=self.settings.stall_timeout, on_event=self._on_event,
             on_coordinator_lost=self._on_coordinator_lost)
+        self.elastic: ElasticGroup | None = None  # CLUSTER_ELASTIC: this task's elastic group
+        if self.settings.elastic is not None:
+            self.elastic = ElasticGroup(
+                self.task, self.settings.elastic, ask=self._coordination.regroup,
+                open_group=self._open_group, close_group=self._close_group,
+                news=lambda: (self._coordination.generation, self._coordination.joining),
+                close_timeout=self.settings.report_timeout)
         self._server.start()
         if self._service is not None:
             self._service.on_event = self._on_event
@@ -278,7 +283,7 @@ class TaskRuntime:
         and cached; a closed one is replaced. Raises :class:`TaskConfigError` for a task outside
         the group (ps, evaluator), ``PeersNotReadyError`` naming the members that never came up
         by ``deadline`` (default ``settings.connect_timeout``), :class:`PeerFailedError` after a
-        peer's failure report.
+        peer's failure report. In an elastic cluster use :meth:`elastic_transport`.
         """
         with self._lock:
             if self._closed:
@@ -286,24 +291,63 @@ class TaskRuntime:
             if self._transport is not None and not self._transport.closed:
                 return self._transport
             self._raise_if_peer_failed()
-            members = collective_members(self.cluster_spec)
-            names = [t for t, _ in members]
-            if self.task not in names:
-                raise TaskConfigError(
-                    f"{self.task} is not in the collective group (chief and workers: "
-                    f"{', '.join(names)})")
+            members = self._group_members()
             deadline = deadline or Deadline.after(self.settings.connect_timeout)
             self._wait_registered([m for m in members if m[0] != self.task], deadline)
-            peers = [PeerInfo(r, t, a) for r, (t, a) in enumerate(members)]
-            transport = NetworkTransport(
-                self._endpoint, names.index(self.task), peers, self.token,
-                heartbeat_timeout=self.settings.heartbeat_timeout,
-                data_plane=self.settings.data_plane, lazy=True,
-                route_timeout=self.settings.connect_timeout,
-                on_peer_lost=self._report_lost, on_abort=self._report_abort,
-                abort_timeout=self.settings.report_timeout)
-            transport.connect(deadline)
-            self._transport = transport
+            transport = self._open_group([t for t, _ in members], 0, deadline)
+        return self._catch_up(transport)
+
+    def elastic_transport(self, deadline: Deadline | None = None) -> Transport | None:
+        """Elastic clusters: the transport of the first generation this task trains in, or None
+        for a task that joins a running group (see :mod:`cluster._elastic_group`); later ones
+        come from ``self.elastic.regroup``."""
+        if self.elastic is None:
+            raise TaskConfigError(f"{self.task}: not an elastic cluster (CLUSTER_ELASTIC unset)")
+        members = self._group_members()
+        deadline = deadline or Deadline.after(self.settings.connect_timeout)
+        if self.elastic.generation == 0 and not self.elastic.joining:
+            self._wait_registered([m for m in members if m[0] != self.task], deadline)
+            return self.elastic.first(deadline)
+        return self._transport
+
+    def _group_members(self) -> list[tuple[str, str]]:
+        members = collective_members(self.cluster_spec)
+        if self.task not in [t for t, _ in members]:
+            raise TaskConfigError(
+                f"{self.task} is not in the collective group (chief and workers: "
+                f"{', '.join(t for t, _ in members)})")
+        return members
+
+    def _open_group(self, members: list[str] | tuple[str, ...], generation: int,
+                    deadline: Deadline) -> NetworkTransport:
+        """Open the (lazy) transport of ``members`` (rank order), generation ``generation`` of
+        an elastic group (0: not elastic), and make it this task's."""
+        addresses = dict(self.placement.tasks())
+        peers = [PeerInfo(r, t, addresses[t]) for r, t in enumerate(members)]
+        if generation:
+            with self._state:  # the service counts every member live: old losses are over
+                for task in members:
+                    self._lost.pop(task, None)
+        transport = NetworkTransport(
+            self._endpoint, list(members).index(self.task), peers, self.token,
+            heartbeat_timeout=self.settings.heartbeat_timeout,
+            data_plane=self.settings.data_plane, lazy=True,
+            route_timeout=self.settings.connect_timeout,
+            on_peer_lost=self._report_lost, on_abort=self._report_abort,
+            abort_timeout=self.settings.report_timeout, generation=generation)
+        transport.connect(deadline)
+        self._transport = transport
+        if generation:
+            self._catch_up(transport)
+        return transport
+
+    def _close_group(self, deadline: Deadline) -> None:
+        transport = self._transport
+        if transport is not None and not transport.closed:
+            transport.close(deadline)
+
+    def _catch_up(self, transport: NetworkTransport) -> NetworkTransport:
+        """Apply to a new transport what happened while it was being made."""
         for task, why in list(self._lost.items()):  # lost before the group existed
             transport.peer_lost(task, why)
         failure = self._peer_failure
@@ -335,12 +379,13 @@ class TaskRuntime:
             self._on_peer_lost(event.task, event.message or "lost")
         elif event.kind is EventKind.ABORTED:
             transport = self._transport
-            if transport is not None and not transport.closed:
+            if (transport is not None and not transport.closed
+                    and event.generation == transport.generation):
                 transport.aborted_by_peer(event.task, event.message)
         elif event.kind is EventKind.PREEMPTED:
             self._on_preemption_notice(event)
         elif event.kind is EventKind.LEFT and event.task == self.coordinator:
-            self._release(f"{self.coordinator} has finished")
+            self._notes.release(f"{self.coordinator} has finished")
             if self.settings.stop_with_coordinator:
                 # The chief finished cleanly: a task that only serves has nothing left to do
                 # (only wait_for_shutdown() waits on this; a script-running task goes on).
@@ -349,28 +394,21 @@ class TaskRuntime:
     # -- preemption notices -----------------------------------------------------------------
 
     def _on_preemption_notice(self, event: Event) -> None:
-        # Informational: no transport is aborted, nothing stops. Heard once from the service
-        # (the coordinator's task) and again from its heartbeat: recorded once.
-        with self._state:
-            if event.task in self._notices:
-                return
-            self._notices[event.task] = event.message
-        log.warning("%s: %s received a preemption notice%s", self.task, event.task,
-                    f" ({event.message})" if event.message else "")
-        self._noticed.set()
+        # Informational: no transport is aborted, nothing stops.
+        if self._notes.record(event.task, event.message):
+            log.warning("%s: %s received a preemption notice%s", self.task, event.task,
+                        f" ({event.message})" if event.message else "")
 
     @property
     def preemption_notices(self) -> tuple[str, ...]:
         """The other tasks that reported a preemption notice (``PREEMPTED``) so far, in the
         order heard; a local read (the heartbeat thread records them)."""
-        with self._state:
-            return tuple(self._notices)
+        return self._notes.tasks
 
     def wait_for_preemption_notice(self, deadline: Deadline) -> tuple[str, ...]:
         """Block until some other task has reported a preemption notice, or ``deadline``;
         returns :attr:`preemption_notices` (empty if none came)."""
-        self._noticed.wait(deadline.timeout())
-        return self.preemption_notices
+        return self._notes.wait(deadline)
 
     def report_preemption(self, message: str, deadline: Deadline) -> bool:
         """Tell the cluster that this task received a preemption notice (``PREEMPTED``, with
@@ -385,21 +423,13 @@ class TaskRuntime:
     def coordinator_exited(self) -> str:
         """Why this task may stop serving ("" while it may not): the coordinator's task left
         or was lost, or shutdown was requested."""
-        return self._released_why if self._released.is_set() else ""
+        return self._notes.released_why
 
     def wait_for_coordinator_exit(self, deadline: Deadline) -> str:
         """Block until the coordinator's task has left (finished, e.g. after its preemption
         save) or is lost, or shutdown is requested, or ``deadline``; returns why ("" when the
         deadline came first)."""
-        self._released.wait(deadline.timeout())
-        return self.coordinator_exited
-
-    def _release(self, why: str) -> None:
-        with self._state:
-            if self._released.is_set():
-                return
-            self._released_why = why
-            self._released.set()
+        return self._notes.wait_released(deadline)
 
     def _on_peer_lost(self, task: str, why: str) -> None:
         with self._state:
@@ -410,7 +440,7 @@ class TaskRuntime:
 
     def _on_coordinator_lost(self, error: PeerUnavailableError) -> None:
         log.error("%s: %s", self.task, error)
-        self._release(f"{self.coordinator} is lost")
+        self._notes.release(f"{self.coordinator} is lost")
         self._on_peer_lost(self.coordinator, str(error).split(" is unavailable: ", 1)[-1])
 
     def _reachable_peers(self) -> list[tuple[str, str]]:
@@ -424,7 +454,9 @@ class TaskRuntime:
         self._report_soon(Event(EventKind.LOST, peer.task, self.task, message=why))
 
     def _report_abort(self, reason: str) -> None:
-        self._report_soon(Event(EventKind.ABORTED, self.task, self.task, message=reason))
+        transport = self._transport
+        self._report_soon(Event(EventKind.ABORTED, self.task, self.task, message=reason,
+                                generation=transport.generation if transport is not None else 0))
 
     def _report_soon(self, event: Event) -> None:
         # Called on receiver and collective threads: the (bounded) call must not hold them.
@@ -433,6 +465,10 @@ class TaskRuntime:
                          name="coordination-report", daemon=True).start()
 
     def _on_failure_report(self, report: FailureReport | Event) -> None:
+        if self.elastic is not None and report.task != self.task:
+            # An elastic group loses the failed task and re-forms without it: nothing sticks.
+            self._on_peer_lost(report.task, f"it failed: {report.error_type}: {report.message}")
+            return
         error = PeerFailedError(
             f"{report.task} failed: {report.error_type}: {report.message}", task=report.task,
             error_type=report.error_type, error_message=report.message,
@@ -510,7 +546,7 @@ class TaskRuntime:
         if not self._shutdown_requested.is_set():
             self.shutdown_reason = reason
             self._shutdown_requested.set()
-        self._release(reason)
+        self._notes.release(reason)
 
     def wait_for_shutdown(self, deadline: Deadline | None = None) -> bool:
         """Block until shutdown is requested; False if ``deadline`` passed first."""

@@ -115,6 +115,11 @@ class StrategyExtended(WorkerInfo):
         """The strategy's default options for its collectives (a call's own options win)."""
         return self._options
 
+    def _elastic_enabled(self) -> bool:
+        """Whether the group can re-form (``cluster.elastic``): only an elastic
+        ``MultiWorkerMirroredStrategy``'s can (:mod:`cluster.strategies._elastic`)."""
+        return False
+
     @property
     def _num_replicas_in_sync(self) -> int:
         return self._num_workers * self._local_count

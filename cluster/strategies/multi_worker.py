@@ -12,12 +12,11 @@ every replica starts identical even from random initialisers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster import runtime, settings
-from cluster.collectives.group import CollectiveGroup
+from cluster._placement import collective_members
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
-from cluster.cross_device_ops import CollectiveAllReduce, NcclAllReduce
 from cluster.strategies._devices import (
     choose_task_device,
     gpu_count,
@@ -25,10 +24,14 @@ from cluster.strategies._devices import (
     log_choice,
     parse_devices,
 )
+from cluster.strategies._elastic import ElasticExtended, collective_ops
 from cluster.strategies.base import Strategy, StrategyExtended
 from cluster.transport.api import Transport
 from cluster.transport.inproc import InProcessHub
 from resolver import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
+
+if TYPE_CHECKING:
+    from cluster.task_runtime import TaskRuntime
 
 __all__ = ["COLLECTIVE_JOBS", "MultiWorkerMirroredStrategy"]
 
@@ -76,18 +79,20 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise TypeError(
                 f"communication_options must be a cluster.CommunicationOptions, got {options!r}"
             )
+        elastic = None
         if transport is None:
-            cluster_resolver, transport = _connect(cluster_resolver)
+            cluster_resolver, transport, elastic = _connect(cluster_resolver)
         elif cluster_resolver is None:
             cluster_resolver = _resolver_for(transport)
         self._cluster_resolver = cluster_resolver
+        if elastic is not None:
+            super().__init__(_elastic_extended(self, elastic, transport, devices, options))
+            return
         parsed = parse_devices(_task_devices(transport) if devices is None else devices,
                                what="MultiWorkerMirroredStrategy devices")
-        group = CollectiveGroup(transport, "multi_worker_mirrored", options,
-                                settings=_collective_settings())
-        ops = CollectiveAllReduce(group, NcclAllReduce())
-        super().__init__(StrategyExtended(self, parsed, ops, num_workers=group.world_size,
-                                          worker_index=group.rank, options=options))
+        _, ops = collective_ops(transport, options, _collective_settings())
+        super().__init__(StrategyExtended(self, parsed, ops, num_workers=ops.group.world_size,
+                                          worker_index=ops.group.rank, options=options))
 
     @property
     def cluster_resolver(self) -> Any:
@@ -99,13 +104,17 @@ def _task_devices(transport: Transport) -> list[str]:
     """This task's one replica when the user named no device: ``CLUSTER_DEVICES`` decides
     (:func:`choose_task_device`), by the task's local rank among the tasks of its host; the
     choice is logged once."""
+    return _device_at([p.address for p in transport.peers], transport.rank,
+                      str(transport.peers[transport.rank]))
+
+
+def _device_at(addresses: list[str], rank: int, me: str) -> list[str]:
     rt = runtime.current()
     task = rt.settings if rt is not None else settings.current()
-    local_rank, local_size = local_rank_of([p.address for p in transport.peers],
-                                           transport.rank)
+    local_rank, local_size = local_rank_of(addresses, rank)
     choice = choose_task_device(task.devices, local_rank, local_size, gpu_count(),
                                 task.cuda_visible_devices)
-    log_choice(choice.describe(f"MultiWorkerMirroredStrategy ({transport.peers[transport.rank]})"))
+    log_choice(choice.describe(f"MultiWorkerMirroredStrategy ({me})"))
     return [choice.device]
 
 
@@ -119,16 +128,42 @@ def _local_transport() -> Transport:
     return InProcessHub(1).transports[0]
 
 
-def _connect(resolver: Any) -> tuple[Any, Transport]:
-    """The resolver and the connected collective transport of this task (or a local one)."""
+def _connect(resolver: Any) -> tuple[Any, Transport | None, TaskRuntime | None]:
+    """The resolver, the connected collective transport of this task (or a local one), and
+    the task runtime when the cluster is elastic (then the transport is None for a task that
+    joins a running group)."""
     if resolver is None:
         resolver = TFConfigClusterResolver()
     spec = resolver.cluster_spec().as_dict()
     members = [job for job in COLLECTIVE_JOBS if spec.get(job)]
     if not members or resolver.task_type not in COLLECTIVE_JOBS:
-        return resolver, _local_transport()
+        return resolver, _local_transport(), None
     task_runtime = runtime.current() or runtime.start(resolver)
-    return resolver, task_runtime.collective_transport()
+    if task_runtime.elastic is not None:
+        return resolver, task_runtime.elastic_transport(), task_runtime
+    return resolver, task_runtime.collective_transport(), None
+
+
+def _elastic_extended(strategy: MultiWorkerMirroredStrategy, task_runtime: TaskRuntime,
+                      transport: Transport | None, devices: Sequence[str] | None,
+                      options: CommunicationOptions) -> ElasticExtended:
+    """The strategy's ``extended`` in an elastic cluster: one replica per task (the group's
+    size changes; a task's replicas do not), on the device ``CLUSTER_DEVICES`` gives it."""
+    if devices is not None and len(devices) != 1:
+        raise ValueError("an elastic MultiWorkerMirroredStrategy has one replica per task; "
+                         f"got devices={list(devices)!r}")
+    settings = task_runtime.settings
+    if devices is None:  # by the cluster as configured: a task keeps its device when it regroups
+        configured = collective_members(task_runtime.cluster_spec)
+        names = [t for t, _ in configured]
+        devices = _device_at([a for _, a in configured], names.index(task_runtime.task),
+                             f"{task_runtime.task} at {task_runtime.address}")
+    return ElasticExtended(
+        strategy, parse_devices(devices, what="MultiWorkerMirroredStrategy devices"), transport,
+        elastic=task_runtime.elastic,
+        make_ops=lambda t: collective_ops(t, options, settings.collectives),
+        local_transport=_local_transport, regroup_timeout=settings.connect_timeout,
+        options=options)
 
 
 def _resolver_for(transport: Transport) -> Any:

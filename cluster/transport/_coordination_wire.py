@@ -23,7 +23,8 @@ _FROM_WIRE = {v: k for k, v in _KINDS.items()}
 def to_wire(event: Event) -> coordination_pb2.ClusterEvent:
     return coordination_pb2.ClusterEvent(
         kind=_KINDS[event.kind], task=event.task, reporter=event.reporter,
-        error_type=event.error_type, message=event.message, exit_code=event.exit_code)
+        error_type=event.error_type, message=event.message, exit_code=event.exit_code,
+        generation=event.generation)
 
 
 def from_wire(event: coordination_pb2.ClusterEvent) -> Event | None:
@@ -33,4 +34,4 @@ def from_wire(event: coordination_pb2.ClusterEvent) -> Event | None:
     if kind is None:
         return None
     return Event(kind, event.task, event.reporter, event.error_type, event.message,
-                 event.exit_code)
+                 event.exit_code, event.generation)

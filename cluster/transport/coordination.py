@@ -47,6 +47,7 @@ from cluster.transport._coordination_wire import SERVICE, from_wire, to_wire
 from cluster.transport._pb import coordination_pb2
 from cluster.transport._reachable import answering
 from cluster.transport.coordination_client import CoordinationClient
+from cluster.transport.generations import Generations, Status
 from cluster.transport.membership import Event, EventKind, Membership, UnknownTaskError
 
 __all__ = [
@@ -99,13 +100,16 @@ class CoordinationService:
     :func:`cluster_digest`. With ``addresses`` (``{task: "host:port"}``) and ``stall_timeout``,
     a silent task whose address answers ``probe`` is stalled, not lost, until ``stall_timeout``;
     without them a silent task is lost after ``timeout``. :meth:`start` runs the expiry clock,
-    :meth:`stop` ends it.
+    :meth:`stop` ends it. With ``elastic`` (``(min, max)``) and ``group`` (the collective
+    tasks, in cluster order) it also answers ``Regroup``: the generations of the elastic group
+    (:mod:`~cluster.transport.generations`).
     """
 
     def __init__(self, me: str, tasks: Sequence[str], digest: bytes, *, interval: float,
                  timeout: float, startup_timeout: float | None = None,
                  addresses: Mapping[str, str] | None = None,
                  stall_timeout: float | None = None,
+                 elastic: tuple[int, int] | None = None, group: Sequence[str] = (),
                  probe: Callable[[Mapping[str, str]], set[str]] = answering,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.me = me
@@ -121,6 +125,8 @@ class CoordinationService:
         self._membership = Membership(tuple(tasks), timeout, startup_timeout=startup_timeout,
                                       stall_timeout=stall_timeout if self._addresses else None)
         self._stalled: set[str] = set()  # the tasks a stall warning named
+        self._generations = (Generations(tuple(group), *elastic)
+                             if elastic is not None and group else None)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._expire_loop, name="coordination-clock",
                                         daemon=True)
@@ -142,6 +148,10 @@ class CoordinationService:
                 self._report,
                 request_deserializer=coordination_pb2.ReportRequest.FromString,
                 response_serializer=coordination_pb2.ReportReply.SerializeToString),
+            "Regroup": grpc.unary_unary_rpc_method_handler(
+                self._regroup,
+                request_deserializer=coordination_pb2.RegroupRequest.FromString,
+                response_serializer=coordination_pb2.RegroupReply.SerializeToString),
         }
 
     @property
@@ -240,12 +250,41 @@ class CoordinationService:
             with self._lock:
                 answer = self._membership.heartbeat(request.task, request.incarnation,
                                                     request.events_seen, self._clock())
+            generation, joining = self._elastic_view()
         except UnknownTaskError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         return coordination_pb2.CoordinationHeartbeatReply(
             events=[to_wire(e) for e in answer.events], next_event=answer.next_event,
             unregistered=answer.unregistered, unregistered_count=answer.unregistered_count,
-            coordinator_incarnation=self.incarnation)
+            coordinator_incarnation=self.incarnation, generation=generation, joining=joining)
+
+    def _elastic_view(self) -> tuple[int, int]:
+        """(generation, tasks waiting to join) of the elastic group; (0, 0) without one.
+        Called under the lock."""
+        if self._generations is None:
+            return 0, 0
+        return self._generations.generation, self._generations.joining()
+
+    def _regroup(self, request, context):
+        if self._generations is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.me}: this cluster is not elastic (CLUSTER_ELASTIC is unset)")
+        with self._lock:
+            before = self._generations.generation
+            answer = self._generations.ask(
+                request.task, request.incarnation, request.after_generation,
+                enlist=request.enlist, live=self._membership.live,
+                registered=self._membership.registered)
+            formed = self._generations.generation != before
+        if formed:
+            log.info("%s: elastic group generation %d: %d replica(s): %s", self.me,
+                     answer.generation, len(answer.members), ", ".join(answer.members))
+        status = {Status.WAITING: coordination_pb2.RegroupReply.WAITING,
+                  Status.FORMED: coordination_pb2.RegroupReply.FORMED,
+                  Status.BELOW_MIN: coordination_pb2.RegroupReply.BELOW_MIN,
+                  Status.REFUSED: coordination_pb2.RegroupReply.REFUSED}[answer.status]
+        return coordination_pb2.RegroupReply(status=status, generation=answer.generation,
+                                             members=answer.members, message=answer.message)
 
     def _report(self, request, context):
         event = from_wire(request.event)

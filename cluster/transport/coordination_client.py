@@ -22,6 +22,7 @@ from cluster.transport._pb import coordination_pb2
 from cluster.transport._reachable import answering
 from cluster.transport._still_waiting import StillWaiting, describe_unregistered
 from cluster.transport.auth import Token
+from cluster.transport.generations import Answer, Status
 from cluster.transport.membership import Event, EventKind, HeartbeatAnswer
 from cluster.transport.names import NOT_RESOLVED, host_of, peer_names
 from cluster.transport.server import CONTROL_CHANNEL_OPTIONS
@@ -75,6 +76,12 @@ class CoordinationClient:
             coordination_pb2.CoordinationHeartbeatReply)
         self._report_call = self._method("Report", coordination_pb2.ReportRequest,
                                          coordination_pb2.ReportReply)
+        self._regroup_call = self._method("Regroup", coordination_pb2.RegroupRequest,
+                                          coordination_pb2.RegroupReply)
+        # Elastic clusters, as the last heartbeat said: the group's generation, and how many
+        # tasks wait to join it.
+        self.generation = 0
+        self.joining = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._events_seen = 0
@@ -260,6 +267,7 @@ class CoordinationClient:
             self._last_answer = time.monotonic()
             self._events_seen = reply.next_event
             self._unregistered = (tuple(reply.unregistered), reply.unregistered_count)
+            self.generation, self.joining = reply.generation, reply.joining
         for event in events:
             if event.task != self.me:
                 self._on_event(event)
@@ -326,6 +334,42 @@ class CoordinationClient:
                       status_name(e))
             return False
         return True
+
+    # -- elastic groups ---------------------------------------------------------------------
+
+    _STATUS = {coordination_pb2.RegroupReply.WAITING: Status.WAITING,
+               coordination_pb2.RegroupReply.FORMED: Status.FORMED,
+               coordination_pb2.RegroupReply.BELOW_MIN: Status.BELOW_MIN,
+               coordination_pb2.RegroupReply.REFUSED: Status.REFUSED}
+
+    def regroup(self, after: int, *, enlist: bool, deadline: Deadline,
+                wait: bool = True) -> Answer:
+        """Ask the service for the elastic group's generation after ``after``
+        (:mod:`~cluster.transport.generations`); with ``wait``, ask again every 50 ms until
+        the answer is not ``WAITING`` or ``deadline`` passes (then the last ``WAITING`` answer
+        is returned). Raises the coordinator's loss as ``PeerUnavailableError``."""
+        request = coordination_pb2.RegroupRequest(task=self.me, incarnation=self.incarnation,
+                                                  after_generation=after, enlist=enlist)
+        status = "no answer"
+        answer = Answer(Status.WAITING, 0, ())
+        while True:
+            if self._lost is not None:
+                raise self._lost
+            try:
+                reply = self._regroup_call(request, timeout=max(0.05, min(
+                    2.0, deadline.remaining())), metadata=self._token.metadata)
+                answer = Answer(self._STATUS.get(reply.status, Status.WAITING), reply.generation,
+                                tuple(reply.members), reply.message)
+                if answer.status is not Status.WAITING or not wait:
+                    return answer
+            except grpc.RpcError as e:
+                if fails_at_connect(e):
+                    raise translate(e, self._peer(), f"{self.me}'s regroup") from e
+                status = status_name(e)
+                log.debug("%s: regroup: %s [%s]", self.me, self._peer(), status)
+            if deadline.expired:
+                return answer
+            self._stopping.wait(min(0.05, deadline.remaining()))
 
     def close(self, *, leave: bool = True, deadline: Deadline | None = None) -> None:
         """Stop heartbeating (a call in flight is cancelled: closing never waits on a silent

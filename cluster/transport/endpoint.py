@@ -13,7 +13,8 @@ receives from then on:
   has carried a well-formed frame: an empty or garbage stream that names a rank (a buggy or
   hostile caller with the token) says nothing about that rank's process;
 - ``Abort`` (unary): a peer aborted the group, or (``lost_task`` set) found a peer dead and is
-  leaving because of it.
+  leaving because of it; ignored when it names another elastic generation than the attached
+  transport's.
 
 Calls that arrive before a transport is attached (or after it closed) get UNAVAILABLE and are
 retried by the caller's ``connect``. Malformed frames (bad encoding, another rank's, a gap, an
@@ -49,6 +50,7 @@ class InboundHandler(Protocol):
 
     rank: int
     closed: bool
+    generation: int  # an elastic group's generation (0: not elastic)
 
     @property
     def data_port(self) -> int | None:
@@ -182,6 +184,8 @@ class CollectiveEndpoint:
 
     def _abort(self, request, context):
         transport = self._attached(context)
+        if request.generation != transport.generation:
+            return collective_pb2.AbortReply()  # about a group this task no longer belongs to
         if request.lost_task:
             transport.lost_by_peer(request.task, request.reason, request.lost_task,
                                    request.lost_address)

@@ -64,6 +64,7 @@ class Event:
     error_type: str = ""
     message: str = ""
     exit_code: int = 0
+    generation: int = 0  # ABORTED: the elastic generation of the aborted group (0: none)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class Membership:
         of that incarnation), then logged."""
         member = self._member(event.task)
         event = Event(event.kind, event.task, event.reporter, event.error_type,
-                      event.message[:MAX_EVENT_TEXT], event.exit_code)
+                      event.message[:MAX_EVENT_TEXT], event.exit_code, event.generation)
         if event.kind is EventKind.LEFT:
             member.left = True
             return False
@@ -276,6 +277,19 @@ class Membership:
         """``{task: seconds silent}`` of the tasks counted alive because their host answers."""
         return {task: now - member.last_seen for task, member in self._members.items()
                 if member.answered is not None and not member.lost}
+
+    def live(self, task: str) -> int | None:
+        """The incarnation of ``task`` counted alive (registered, not lost, failed or left),
+        else None (also for a task outside the cluster)."""
+        member = self._members.get(task)
+        if member is None or member.lost or member.failed or member.left:
+            return None
+        return member.incarnation
+
+    def registered(self, task: str) -> bool:
+        """Whether some incarnation of ``task`` ever registered."""
+        member = self._members.get(task)
+        return member is not None and member.incarnation is not None
 
     def lost(self) -> tuple[str, ...]:
         return tuple(t for t, m in self._members.items() if m.lost)

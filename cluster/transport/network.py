@@ -96,6 +96,7 @@ class NetworkTransport(Transport):
         on_peer_lost: Callable[[PeerInfo, str], None] | None = None,
         on_abort: Callable[[str], None] | None = None,
         abort_timeout: float = 2.0,
+        generation: int = 0,
     ) -> None:
         if data_plane not in DATA_PLANES:
             raise ValueError(f"data plane ({ENV_DATA_PLANE}) must be one of "
@@ -106,6 +107,10 @@ class NetworkTransport(Transport):
             raise ValueError("peers must be listed in rank order, ranks 0..N-1")
         self.rank = rank
         self.world_size = len(peers)
+        # An elastic group's generation (0: not elastic): Hello and Abort calls carry it, and a
+        # peer in another generation refuses or ignores them (a survivor's old group must never
+        # touch the new one).
+        self.generation = generation
         self.token = token
         self.closed = False
         _malloc.tune_for_large_buffers()
@@ -313,7 +318,7 @@ class NetworkTransport(Transport):
             response_deserializer=collective_pb2.HelloReply.FromString,
         )
         request = collective_pb2.HelloRequest(rank=self.rank, world_size=self.world_size,
-                                              task=self._me.task)
+                                              task=self._me.task, generation=self.generation)
         timeout = min(deadline.remaining(), 2.0)
         reply, call = method.with_call(request, timeout=max(timeout, 0.05),
                                        metadata=self.token.metadata, wait_for_ready=True)
@@ -333,6 +338,9 @@ class NetworkTransport(Transport):
         return self._tcp.port if self._tcp is not None else None
 
     def hello_problem(self, request: collective_pb2.HelloRequest) -> str:
+        if request.generation != self.generation:
+            return (f"{self._me} is in generation {self.generation} of the elastic group, "
+                    f"{request.task} in generation {request.generation}")
         if request.world_size != self.world_size:
             return (f"{self._me} is in a group of {self.world_size}, "
                     f"{request.task} thinks {request.world_size}")
@@ -521,7 +529,8 @@ class NetworkTransport(Transport):
         if self._told_peers or lost is None:
             return
         request = collective_pb2.AbortRequest(task=self._me.task, reason=str(error),
-                                              lost_task=lost.task, lost_address=lost.address)
+                                              lost_task=lost.task, lost_address=lost.address,
+                                              generation=self.generation)
         timeout = max(min(deadline.remaining(), 2.0), 0.05)
         self._wait_told(self._tell_peers(request, timeout,
                                          skip=frozenset({*self._lost, *self._departed})))
@@ -536,7 +545,8 @@ class NetworkTransport(Transport):
         default ``abort_timeout``) and fail this rank's group too."""
         if self.closed:
             return
-        request = collective_pb2.AbortRequest(task=self._me.task, reason=reason)
+        request = collective_pb2.AbortRequest(task=self._me.task, reason=reason,
+                                              generation=self.generation)
         timeout = self._abort_timeout if deadline is None else max(deadline.remaining(), 0.05)
         # Lazy: only the peers this rank talked to.
         calls = self._tell_peers(request, timeout, skip=frozenset(self._lost))

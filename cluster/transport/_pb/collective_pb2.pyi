@@ -33,16 +33,18 @@ class ExchangeSummary(_message.Message):
     def __init__(self, frames: _Optional[int] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("group", "rank", "world_size", "task")
+    __slots__ = ("group", "rank", "world_size", "task", "generation")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     group: str
     rank: int
     world_size: int
     task: str
-    def __init__(self, group: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, group: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., task: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("rank", "task")
@@ -53,20 +55,22 @@ class HelloReply(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
-    __slots__ = ("group", "seq", "task", "reason", "lost_task", "lost_address")
+    __slots__ = ("group", "seq", "task", "reason", "lost_task", "lost_address", "generation")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     LOST_TASK_FIELD_NUMBER: _ClassVar[int]
     LOST_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     group: str
     seq: int
     task: str
     reason: str
     lost_task: str
     lost_address: str
-    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ..., lost_task: _Optional[str] = ..., lost_address: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ..., lost_task: _Optional[str] = ..., lost_address: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class AbortReply(_message.Message):
     __slots__ = ()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(cluster/transport/_pb/coordination.proto\x12\x12\x63luster_runtime.v1\"\xdf\x01\n\x0c\x43lusterEvent\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.cluster_runtime.v1.ClusterEvent.Kind\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x10\n\x08reporter\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\"B\n\x04Kind\x12\x08\n\x04LOST\x10\x00\x12\n\n\x06\x46\x41ILED\x10\x01\x12\x08\n\x04LEFT\x10\x02\x12\x0b\n\x07\x41\x42ORTED\x10\x03\x12\r\n\tPREEMPTED\x10\x04\"a\n\x0fRegisterRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x13\n\x0b\x63oordinator\x18\x03 \x01(\t\x12\x16\n\x0e\x63luster_digest\x18\x04 \x01(\x0c\"0\n\rRegisterReply\x12\x1f\n\x17\x63oordinator_incarnation\x18\x01 \x01(\x06\"V\n\x1c\x43oordinationHeartbeatRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x13\n\x0b\x65vents_seen\x18\x03 \x01(\x04\"\xb5\x01\n\x1a\x43oordinationHeartbeatReply\x12\x30\n\x06\x65vents\x18\x01 \x03(\x0b\x32 .cluster_runtime.v1.ClusterEvent\x12\x12\n\nnext_event\x18\x02 \x01(\x04\x12\x14\n\x0cunregistered\x18\x03 \x03(\t\x12\x1f\n\x17\x63oordinator_incarnation\x18\x04 \x01(\x06\x12\x1a\n\x12unregistered_count\x18\x05 \x01(\r\"@\n\rReportRequest\x12/\n\x05\x65vent\x18\x01 \x01(\x0b\x32 .cluster_runtime.v1.ClusterEvent\"\r\n\x0bReportReply2\x9f\x02\n\x0c\x43oordination\x12R\n\x08Register\x12#.cluster_runtime.v1.RegisterRequest\x1a!.cluster_runtime.v1.RegisterReply\x12m\n\tHeartbeat\x12\x30.cluster_runtime.v1.CoordinationHeartbeatRequest\x1a..cluster_runtime.v1.CoordinationHeartbeatReply\x12L\n\x06Report\x12!.cluster_runtime.v1.ReportRequest\x1a\x1f.cluster_runtime.v1.ReportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(cluster/transport/_pb/coordination.proto\x12\x12\x63luster_runtime.v1\"\xf3\x01\n\x0c\x43lusterEvent\x12\x33\n\x04kind\x18\x01 \x01(\x0e\x32%.cluster_runtime.v1.ClusterEvent.Kind\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x10\n\x08reporter\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x12\n\ngeneration\x18\x07 \x01(\x04\"B\n\x04Kind\x12\x08\n\x04LOST\x10\x00\x12\n\n\x06\x46\x41ILED\x10\x01\x12\x08\n\x04LEFT\x10\x02\x12\x0b\n\x07\x41\x42ORTED\x10\x03\x12\r\n\tPREEMPTED\x10\x04\"a\n\x0fRegisterRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x13\n\x0b\x63oordinator\x18\x03 \x01(\t\x12\x16\n\x0e\x63luster_digest\x18\x04 \x01(\x0c\"0\n\rRegisterReply\x12\x1f\n\x17\x63oordinator_incarnation\x18\x01 \x01(\x06\"V\n\x1c\x43oordinationHeartbeatRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x13\n\x0b\x65vents_seen\x18\x03 \x01(\x04\"\xda\x01\n\x1a\x43oordinationHeartbeatReply\x12\x30\n\x06\x65vents\x18\x01 \x03(\x0b\x32 .cluster_runtime.v1.ClusterEvent\x12\x12\n\nnext_event\x18\x02 \x01(\x04\x12\x14\n\x0cunregistered\x18\x03 \x03(\t\x12\x1f\n\x17\x63oordinator_incarnation\x18\x04 \x01(\x06\x12\x1a\n\x12unregistered_count\x18\x05 \x01(\r\x12\x12\n\ngeneration\x18\x06 \x01(\x04\x12\x0f\n\x07joining\x18\x07 \x01(\r\"@\n\rReportRequest\x12/\n\x05\x65vent\x18\x01 \x01(\x0b\x32 .cluster_runtime.v1.ClusterEvent\"\r\n\x0bReportReply\"]\n\x0eRegroupRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x18\n\x10\x61\x66ter_generation\x18\x03 \x01(\x04\x12\x0e\n\x06\x65nlist\x18\x04 \x01(\x08\"\xbc\x01\n\x0cRegroupReply\x12\x37\n\x06status\x18\x01 \x01(\x0e\x32\'.cluster_runtime.v1.RegroupReply.Status\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0f\n\x07members\x18\x03 \x03(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"=\n\x06Status\x12\x0b\n\x07WAITING\x10\x00\x12\n\n\x06\x46ORMED\x10\x01\x12\r\n\tBELOW_MIN\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\x32\xf0\x02\n\x0c\x43oordination\x12R\n\x08Register\x12#.cluster_runtime.v1.RegisterRequest\x1a!.cluster_runtime.v1.RegisterReply\x12m\n\tHeartbeat\x12\x30.cluster_runtime.v1.CoordinationHeartbeatRequest\x1a..cluster_runtime.v1.CoordinationHeartbeatReply\x12L\n\x06Report\x12!.cluster_runtime.v1.ReportRequest\x1a\x1f.cluster_runtime.v1.ReportReply\x12O\n\x07Regroup\x12\".cluster_runtime.v1.RegroupRequest\x1a .cluster_runtime.v1.RegroupReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cluster.transport._pb.coord
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLUSTEREVENT']._serialized_start=65
-  _globals['_CLUSTEREVENT']._serialized_end=288
-  _globals['_CLUSTEREVENT_KIND']._serialized_start=222
-  _globals['_CLUSTEREVENT_KIND']._serialized_end=288
-  _globals['_REGISTERREQUEST']._serialized_start=290
-  _globals['_REGISTERREQUEST']._serialized_end=387
-  _globals['_REGISTERREPLY']._serialized_start=389
-  _globals['_REGISTERREPLY']._serialized_end=437
-  _globals['_COORDINATIONHEARTBEATREQUEST']._serialized_start=439
-  _globals['_COORDINATIONHEARTBEATREQUEST']._serialized_end=525
-  _globals['_COORDINATIONHEARTBEATREPLY']._serialized_start=528
-  _globals['_COORDINATIONHEARTBEATREPLY']._serialized_end=709
-  _globals['_REPORTREQUEST']._serialized_start=711
-  _globals['_REPORTREQUEST']._serialized_end=775
-  _globals['_REPORTREPLY']._serialized_start=777
-  _globals['_REPORTREPLY']._serialized_end=790
-  _globals['_COORDINATION']._serialized_start=793
-  _globals['_COORDINATION']._serialized_end=1080
+  _globals['_CLUSTEREVENT']._serialized_end=308
+  _globals['_CLUSTEREVENT_KIND']._serialized_start=242
+  _globals['_CLUSTEREVENT_KIND']._serialized_end=308
+  _globals['_REGISTERREQUEST']._serialized_start=310
+  _globals['_REGISTERREQUEST']._serialized_end=407
+  _globals['_REGISTERREPLY']._serialized_start=409
+  _globals['_REGISTERREPLY']._serialized_end=457
+  _globals['_COORDINATIONHEARTBEATREQUEST']._serialized_start=459
+  _globals['_COORDINATIONHEARTBEATREQUEST']._serialized_end=545
+  _globals['_COORDINATIONHEARTBEATREPLY']._serialized_start=548
+  _globals['_COORDINATIONHEARTBEATREPLY']._serialized_end=766
+  _globals['_REPORTREQUEST']._serialized_start=768
+  _globals['_REPORTREQUEST']._serialized_end=832
+  _globals['_REPORTREPLY']._serialized_start=834
+  _globals['_REPORTREPLY']._serialized_end=847
+  _globals['_REGROUPREQUEST']._serialized_start=849
+  _globals['_REGROUPREQUEST']._serialized_end=942
+  _globals['_REGROUPREPLY']._serialized_start=945
+  _globals['_REGROUPREPLY']._serialized_end=1133
+  _globals['_REGROUPREPLY_STATUS']._serialized_start=1072
+  _globals['_REGROUPREPLY_STATUS']._serialized_end=1133
+  _globals['_COORDINATION']._serialized_start=1136
+  _globals['_COORDINATION']._serialized_end=1504
 # @@protoc_insertion_point(module_scope)

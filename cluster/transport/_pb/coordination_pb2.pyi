@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClusterEvent(_message.Message):
-    __slots__ = ("kind", "task", "reporter", "error_type", "message", "exit_code")
+    __slots__ = ("kind", "task", "reporter", "error_type", "message", "exit_code", "generation")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         LOST: _ClassVar[ClusterEvent.Kind]
@@ -27,13 +27,15 @@ class ClusterEvent(_message.Message):
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     kind: ClusterEvent.Kind
     task: str
     reporter: str
     error_type: str
     message: str
     exit_code: int
-    def __init__(self, kind: _Optional[_Union[ClusterEvent.Kind, str]] = ..., task: _Optional[str] = ..., reporter: _Optional[str] = ..., error_type: _Optional[str] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, kind: _Optional[_Union[ClusterEvent.Kind, str]] = ..., task: _Optional[str] = ..., reporter: _Optional[str] = ..., error_type: _Optional[str] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("task", "incarnation", "coordinator", "cluster_digest")
@@ -64,18 +66,22 @@ class CoordinationHeartbeatRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., incarnation: _Optional[int] = ..., events_seen: _Optional[int] = ...) -> None: ...
 
 class CoordinationHeartbeatReply(_message.Message):
-    __slots__ = ("events", "next_event", "unregistered", "coordinator_incarnation", "unregistered_count")
+    __slots__ = ("events", "next_event", "unregistered", "coordinator_incarnation", "unregistered_count", "generation", "joining")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_FIELD_NUMBER: _ClassVar[int]
     UNREGISTERED_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     UNREGISTERED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
     next_event: int
     unregistered: _containers.RepeatedScalarFieldContainer[str]
     coordinator_incarnation: int
     unregistered_count: int
-    def __init__(self, events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., next_event: _Optional[int] = ..., unregistered: _Optional[_Iterable[str]] = ..., coordinator_incarnation: _Optional[int] = ..., unregistered_count: _Optional[int] = ...) -> None: ...
+    generation: int
+    joining: int
+    def __init__(self, events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ..., next_event: _Optional[int] = ..., unregistered: _Optional[_Iterable[str]] = ..., coordinator_incarnation: _Optional[int] = ..., unregistered_count: _Optional[int] = ..., generation: _Optional[int] = ..., joining: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("event",)
@@ -86,3 +92,37 @@ class ReportRequest(_message.Message):
 class ReportReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RegroupRequest(_message.Message):
+    __slots__ = ("task", "incarnation", "after_generation", "enlist")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ENLIST_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    incarnation: int
+    after_generation: int
+    enlist: bool
+    def __init__(self, task: _Optional[str] = ..., incarnation: _Optional[int] = ..., after_generation: _Optional[int] = ..., enlist: _Optional[bool] = ...) -> None: ...
+
+class RegroupReply(_message.Message):
+    __slots__ = ("status", "generation", "members", "message")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WAITING: _ClassVar[RegroupReply.Status]
+        FORMED: _ClassVar[RegroupReply.Status]
+        BELOW_MIN: _ClassVar[RegroupReply.Status]
+        REFUSED: _ClassVar[RegroupReply.Status]
+    WAITING: RegroupReply.Status
+    FORMED: RegroupReply.Status
+    BELOW_MIN: RegroupReply.Status
+    REFUSED: RegroupReply.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: RegroupReply.Status
+    generation: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    def __init__(self, status: _Optional[_Union[RegroupReply.Status, str]] = ..., generation: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,11 @@ class CoordinationStub:
                 request_serializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportRequest.SerializeToString,
                 response_deserializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportReply.FromString,
                 _registered_method=True)
+        self.Regroup = channel.unary_unary(
+                '/cluster_runtime.v1.Coordination/Regroup',
+                request_serializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupRequest.SerializeToString,
+                response_deserializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupReply.FromString,
+                _registered_method=True)
 
 
 class CoordinationServicer:
@@ -72,6 +77,12 @@ class CoordinationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Regroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +100,11 @@ def add_CoordinationServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportRequest.FromString,
                     response_serializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportReply.SerializeToString,
+            ),
+            'Regroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Regroup,
+                    request_deserializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupRequest.FromString,
+                    response_serializer=cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +188,33 @@ class Coordination:
             '/cluster_runtime.v1.Coordination/Report',
             cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportRequest.SerializeToString,
             cluster_dot_transport_dot___pb_dot_coordination__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Regroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster_runtime.v1.Coordination/Regroup',
+            cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupRequest.SerializeToString,
+            cluster_dot_transport_dot___pb_dot_coordination__pb2.RegroupReply.FromString,
             options,
             channel_credentials,
             insecure,
