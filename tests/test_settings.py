@@ -161,3 +161,15 @@ def test_the_entry_points_start_up_installs_the_settings_it_read(fresh_settings,
     code = lifecycle.start_runtime("worker", environ)
     assert isinstance(code, int) and code != 0
     assert task_settings.current().data_plane == "grpc"
+
+
+@pytest.mark.parametrize(("text", "bounds"), [("2:4", (2, 4)), (" 1:1 ", (1, 1))])
+def test_cluster_elastic_reads_min_and_max(text, bounds) -> None:
+    assert TaskSettings.from_env({"CLUSTER_ELASTIC": text}).elastic == bounds
+    assert TaskSettings.from_env({}).elastic is None
+
+
+@pytest.mark.parametrize("text", ["4", "0:2", "3:2", "a:b", "2:"])
+def test_a_bad_cluster_elastic_names_the_variable_and_the_form(text) -> None:
+    with pytest.raises(TaskConfigError, match=r"CLUSTER_ELASTIC=.*MIN:MAX with 1 <= MIN <= MAX"):
+        TaskSettings.from_env({"CLUSTER_ELASTIC": text})
