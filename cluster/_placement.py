@@ -15,7 +15,8 @@ from cluster.errors import TaskConfigError
 from resolver import ClusterConfigError, ClusterResolver, ClusterSpec, TFConfigClusterResolver
 from resolver.tfconfig import sparse_cluster_only
 
-__all__ = ["JOB_NAMES", "Placement", "check_address", "collective_members", "resolve_placement"]
+__all__ = ["JOB_NAMES", "Placement", "check_address", "cluster_tasks", "collective_members",
+           "resolve_placement"]
 
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 
@@ -35,12 +36,17 @@ class Placement:
 
     def tasks(self) -> list[tuple[str, str]]:
         """Every ``(task, address)`` of the cluster, jobs in :data:`JOB_NAMES` order."""
-        out = []
-        for job in JOB_NAMES:
-            if job in self.cluster_spec.jobs:
-                for index in self.cluster_spec.task_indices(job):
-                    out.append((f"{job}:{index}", self.cluster_spec.task_address(job, index)))
-        return out
+        return cluster_tasks(self.cluster_spec)
+
+
+def cluster_tasks(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """Every ``(task, address)`` of ``spec``, jobs in :data:`JOB_NAMES` order."""
+    out = []
+    for job in JOB_NAMES:
+        if job in spec.jobs:
+            for index in spec.task_indices(job):
+                out.append((f"{job}:{index}", spec.task_address(job, index)))
+    return out
 
 
 def collective_members(spec: ClusterSpec) -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ __all__ = [
     "ENV_DATA_PLANE",
     "ENV_DEVICES",
     "ENV_ELASTIC",
+    "ENV_COORDINATION_SERVICE",
     "ENV_ERROR_FILE",
     "ENV_FUNCTION_TIMEOUT",
     "ENV_GRACE_PERIOD",
@@ -80,6 +81,8 @@ ENV_STEPS = "CLUSTER_STEPS"  # cluster.timeline: this task's step records
 ENV_STALL_WARNING = "CLUSTER_STALL_WARNING"  # cluster.collectives._stall
 ENV_DEVICES = "CLUSTER_DEVICES"  # cluster.strategies._devices.choose_task_device
 ENV_ELASTIC = "CLUSTER_ELASTIC"  # MIN:MAX: cluster.elastic; set by clusterctl --elastic
+# host:port of the coordination service in its own process (python -m coordination_service)
+ENV_COORDINATION_SERVICE = "CLUSTER_COORDINATION_SERVICE"
 ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"  # read for the device choice's log line only
 
 DATA_PLANES = ("tcp", "grpc")
@@ -197,6 +200,7 @@ class TaskSettings:
     devices: str = "cpu"
     cuda_visible_devices: str | None = None
     elastic: tuple[int, int] | None = None  # CLUSTER_ELASTIC: (min, max) replicas
+    coordination_service: str | None = None  # CLUSTER_COORDINATION_SERVICE: its host:port
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "heartbeat_interval", "heartbeat_timeout",
@@ -280,6 +284,13 @@ class TaskSettings:
         elastic = env.get(ENV_ELASTIC, "").strip()
         if elastic:
             values["elastic"] = parse_elastic(elastic)
+        service = env.get(ENV_COORDINATION_SERVICE, "").strip()
+        if service:
+            host, sep, port = service.rpartition(":")
+            if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                raise TaskConfigError(f"{ENV_COORDINATION_SERVICE}={service!r}: expected the "
+                                      "service's host:port, e.g. 10.0.0.5:2223")
+            values["coordination_service"] = service
         return cls(**values)
 
 
@@ -365,6 +376,9 @@ ENV_VARS = (
     (ENV_ELASTIC, "unset", "`MIN:MAX`: an elastic run (docs/guide/elastic.md): a lost worker "
      "leaves the group, which trains on with at least MIN tasks; set by `clusterctl launch "
      "--elastic`."),
+    (ENV_COORDINATION_SERVICE, "unset", "`host:port` of the coordination service run in its "
+     "own process (`python -m coordination_service`) instead of by the chief, so that an "
+     "elastic job outlives its chief; set by `clusterctl launch --elastic`."),
     ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
     ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring`, `doubling` or `tree` forces the all-reduce."),
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),

@@ -43,13 +43,8 @@ from cluster.transport.api import PeerInfo, Transport
 from cluster.transport.auth import Token, resolve_token
 from cluster.transport.control_client import ControlClient
 from cluster.transport.coordination import SERVICE as COORDINATION_SERVICE
-from cluster.transport.coordination import (
-    CoordinationService,
-    cluster_digest,
-    coordination_timing,
-    coordinator_task,
-)
-from cluster.transport.coordination_client import CoordinationClient
+from cluster.transport.coordination import CoordinationService
+from cluster.transport.coordination_plan import CoordinationPlan
 from cluster.transport.endpoint import CollectiveEndpoint
 from cluster.transport.membership import Event, EventKind
 from cluster.transport.network import NetworkTransport
@@ -104,19 +99,13 @@ class TaskRuntime:
             self._server, self.task, heartbeat_interval=self.settings.heartbeat_interval)
         for service, handlers in (services or {}).items():
             self._server.add_handlers(service, dict(handlers))
-        tasks = placement.tasks()
-        digest = cluster_digest(tasks)
-        interval, timeout = coordination_timing(len(tasks), self.settings.heartbeat_interval,
-                                                self.settings.heartbeat_timeout)
-        self.coordinator = coordinator_task([t for t, _ in tasks])
+        plan = CoordinationPlan(tuple(placement.tasks()),
+                                tuple(t for t, _ in collective_members(self.cluster_spec)),
+                                self.settings)
+        self.coordinator = plan.coordinator
         self._service: CoordinationService | None = None
         if self.coordinator == self.task:
-            self._service = CoordinationService(
-                self.task, [t for t, _ in tasks], digest,
-                interval=interval, timeout=timeout,
-                startup_timeout=self.settings.connect_timeout, addresses=dict(tasks),
-                stall_timeout=self.settings.stall_timeout, elastic=self.settings.elastic,
-                group=[t for t, _ in collective_members(self.cluster_spec)])
+            self._service = plan.service()
             self._server.add_handlers(COORDINATION_SERVICE, self._service.handlers())
         self.control = self._endpoint.control
         self.control.on_failure_report = self._on_failure_report
@@ -138,12 +127,9 @@ class TaskRuntime:
         self._notes = Notices()
         self._join_lock = threading.Lock()
         self._joined = False
-        self._coordination = CoordinationClient(
-            self.task, self.control.incarnation, (self.coordinator, dict(tasks)[self.coordinator]),
-            digest, token, interval=interval, timeout=timeout,
-            startup_timeout=self.settings.connect_timeout, cluster_size=len(tasks),
-            stall_timeout=self.settings.stall_timeout, on_event=self._on_event,
-            on_coordinator_lost=self._on_coordinator_lost)
+        self._coordination = plan.client(self.task, self.control.incarnation, token,
+                                         on_event=self._on_event,
+                                         on_coordinator_lost=self._on_coordinator_lost)
         self.elastic: ElasticGroup | None = None  # CLUSTER_ELASTIC: this task's elastic group
         if self.settings.elastic is not None:
             self.elastic = ElasticGroup(

@@ -53,6 +53,7 @@ from cluster.transport.membership import Event, EventKind, Membership, UnknownTa
 __all__ = [
     "MAX_HEARTBEATS_PER_SECOND",
     "SERVICE",
+    "SERVICE_HOST",
     "CoordinationClient",
     "CoordinationService",
     "cluster_digest",
@@ -61,6 +62,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+SERVICE_HOST = "coordination-service"
+"""The coordinator's name when the service runs in a process of its own (``python -m
+coordination_service``, ``CLUSTER_COORDINATION_SERVICE``) rather than in a task."""
+
 
 def coordinator_task(tasks: Sequence[str]) -> str:
     """The task that hosts the service: the chief, else worker 0, else the first task."""

@@ -1,0 +1,4 @@
+from coordination_service.process import main
+
+if __name__ == "__main__":
+    main()

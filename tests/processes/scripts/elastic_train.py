@@ -1,0 +1,85 @@
+"""The elastic contract's program (tests/processes/test_elastic.py): linear regression in float64
+on a fixed global batch per step, split among the current replicas, loss scaled by the global
+batch, SGD with momentum, a commit per step.
+
+``ELASTIC_KILL`` = ``task@step[,task@step...]``: that task SIGKILLs itself when it reaches that
+step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its restart). At the
+end each task prints ``FINAL <task> <json>``: its weights, the steps its state applied (in order),
+its PID and the replica counts it trained with; the chief also prints the weights of the same
+training done in one process (``REFERENCE``).
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import cluster
+
+D, B, STEPS = 8, 12, int(os.environ.get("ELASTIC_STEPS", "60"))
+LR, MOMENTUM = 0.05, 0.9
+DIR = Path(os.environ["ELASTIC_DIR"])
+KILLS = dict(item.split("@") for item in os.environ.get("ELASTIC_KILL", "").split(",") if item)
+
+
+def global_batch(step: int):
+    rng = np.random.default_rng(1000 + step)
+    x = rng.standard_normal((B, D))
+    y = x @ np.linspace(-1.0, 1.0, D) + 0.1 * rng.standard_normal(B)
+    return x, y
+
+
+def gradient(w, x, y):
+    return 2.0 * x.T @ (x @ w - y) / B  # scaled by the global batch, whatever the split
+
+
+def reference():
+    w, v = np.zeros(D), np.zeros(D)
+    for step in range(STEPS):
+        v = MOMENTUM * v - LR * gradient(w, *global_batch(step))
+        w = w + v
+    return w
+
+
+strategy = cluster.MultiWorkerMirroredStrategy()
+resolver = strategy.cluster_resolver
+me = f"{resolver.task_type}:{resolver.task_id}"
+with strategy.scope():
+    w = cluster.Variable(np.zeros(D))
+    optimizer = cluster.optimizers.SGD(LR, momentum=MOMENTUM)
+state = cluster.elastic.State(w=w, optimizer=optimizer, step=0, applied=[])
+sizes = []
+
+
+def replica_step(x, y):
+    ctx = cluster.get_replica_context()
+    rows = np.array_split(np.arange(B), ctx.num_replicas_in_sync)[ctx.replica_id_in_sync_group]
+    grad = gradient(w.numpy(), x[rows], y[rows])  # this replica's share of the global gradient
+    optimizer.apply_gradients([(grad, w)])  # summed across replicas
+
+
+@cluster.elastic.run(strategy, state)
+def train(state):
+    while state.step < STEPS:
+        if KILLS.get(me) == str(state.step):
+            marker = DIR / f"killed-{me}"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        sizes.append(strategy.num_replicas_in_sync)
+        strategy.run(replica_step, args=global_batch(state.step))
+        state.applied = [*state.applied, state.step]
+        state.step += 1
+        state.commit()
+
+
+train(state)
+result = {"w": w.numpy().tolist(), "applied": state.applied, "pid": os.getpid(),
+          "sizes": sorted(set(sizes))}
+if resolver.task_type == "chief":
+    result["reference"] = reference().tolist()
+print(f"FINAL {me} {json.dumps(result)}", flush=True)
+sys.exit(0)
