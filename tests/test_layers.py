@@ -72,7 +72,7 @@ def test_resolver_imports_only_the_standard_library() -> None:
     assert not offenders, f"resolver/ must stay standard-library only: {offenders}"
 
 
-@pytest.mark.parametrize("upper", ["worker", "ps"])
+@pytest.mark.parametrize("upper", ["worker", "ps", "coordination_service"])
 def test_cluster_never_imports_process_entry_points(upper: str) -> None:
     offenders = [f for f, names in _imported_top_levels("cluster").items() if upper in names]
     assert not offenders, f"cluster/ must not import {upper}/: {offenders}"
@@ -83,7 +83,7 @@ def test_cluster_never_imports_process_entry_points(upper: str) -> None:
 # contract (TF reads them on every call); cluster/ctl/ is the clusterctl command line;
 # cluster/testing/ is the entry point of the processes it spawns.
 _ENV_READERS = ("cluster/settings.py", "cluster/testing/", "cluster/ctl/", "worker/", "ps/",
-                "resolver/")
+                "coordination_service/", "resolver/")
 
 
 def _reads_environment(tree: ast.AST) -> list[int]:
@@ -102,7 +102,7 @@ def _reads_environment(tree: ast.AST) -> list[int]:
 
 def test_only_settings_and_entry_points_read_the_environment() -> None:
     offenders = {}
-    for package in ("cluster", "worker", "ps", "resolver"):
+    for package in ("cluster", "worker", "ps", "coordination_service", "resolver"):
         for path in sorted((REPO / package).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             if rel.startswith(_ENV_READERS):
@@ -127,7 +127,7 @@ _GRPC_USERS = ("cluster/transport/", "worker/servicer.py", "ps/servicer.py")
 
 def test_only_the_transport_and_the_servicers_import_grpc() -> None:
     offenders = []
-    for package in ("cluster", "worker", "ps", "resolver"):
+    for package in ("cluster", "worker", "ps", "coordination_service", "resolver"):
         for module, names in _imported_top_levels(package).items():
             if "grpc" in names and not module.startswith(_GRPC_USERS):
                 offenders.append(module)
@@ -155,7 +155,7 @@ def _reads_status_codes(tree: ast.AST) -> list[int]:
 
 def test_one_module_maps_grpc_status_codes() -> None:
     offenders = {}
-    for package in ("cluster", "worker", "ps"):
+    for package in ("cluster", "worker", "ps", "coordination_service"):
         for path in sorted((REPO / package).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             if rel == "cluster/transport/_grpc_errors.py" or "/_pb/" in rel:
@@ -176,7 +176,7 @@ def test_the_status_code_check_finds_a_reader() -> None:
 def test_no_module_exceeds_600_lines() -> None:
     """Modules have one job and a few hundred lines; split by responsibility before 600."""
     long = {}
-    for package in ("cluster", "worker", "ps", "resolver"):
+    for package in ("cluster", "worker", "ps", "coordination_service", "resolver"):
         for path in (REPO / package).rglob("*.py"):
             rel = str(path.relative_to(REPO))
             if "/_pb/" in rel:

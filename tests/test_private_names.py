@@ -64,7 +64,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("cluster", "worker", "ps", "resolver")
+PACKAGES = ("cluster", "worker", "ps", "coordination_service", "resolver")
 
 PROTOCOLS = REPO / "cluster" / "_protocols.py"
 
