@@ -3,8 +3,11 @@ on a fixed global batch per step, split among the current replicas, loss scaled 
 batch, SGD with momentum, a commit per step.
 
 ``ELASTIC_KILL`` = ``task@step[,task@step...]``: that task SIGKILLs itself when it reaches that
-step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its restart). At the
-end each task prints ``FINAL <task> <json>``: its weights, the steps its state applied (in order),
+step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its restart).
+``ELASTIC_HOLD`` = ``step@size``: at that step the group commits and waits (60 s at most) until
+it has ``size`` replicas again, so a restarted task rejoins before training ends whatever the
+machine's speed (every member runs the same loop: each commit is a collective). Every start
+appends its PID to ``ELASTIC_DIR/pids-<task>``. At the end each task prints ``FINAL <task> <json>``: its weights, the steps its state applied (in order),
 its PID and the replica counts it trained with; the chief also prints the weights of the same
 training done in one process (``REFERENCE``).
 """
@@ -13,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +27,7 @@ D, B, STEPS = 8, 12, int(os.environ.get("ELASTIC_STEPS", "60"))
 LR, MOMENTUM = 0.05, 0.9
 DIR = Path(os.environ["ELASTIC_DIR"])
 KILLS = dict(item.split("@") for item in os.environ.get("ELASTIC_KILL", "").split(",") if item)
+HOLD_STEP, HOLD_SIZE = map(int, os.environ.get("ELASTIC_HOLD", "-1@0").split("@"))
 
 
 def global_batch(step: int):
@@ -47,6 +52,8 @@ def reference():
 strategy = cluster.MultiWorkerMirroredStrategy()
 resolver = strategy.cluster_resolver
 me = f"{resolver.task_type}:{resolver.task_id}"
+with open(DIR / f"pids-{me}", "a") as pids:
+    pids.write(f"{os.getpid()}\n")
 with strategy.scope():
     w = cluster.Variable(np.zeros(D))
     optimizer = cluster.optimizers.SGD(LR, momentum=MOMENTUM)
@@ -64,6 +71,11 @@ def replica_step(x, y):
 @cluster.elastic.run(strategy, state)
 def train(state):
     while state.step < STEPS:
+        held = time.monotonic()
+        while (state.step == HOLD_STEP and strategy.num_replicas_in_sync < HOLD_SIZE
+               and time.monotonic() - held < 60):
+            state.commit()  # a collective: every member loops alike, and a joiner enters here
+            time.sleep(0.05)
         if KILLS.get(me) == str(state.step):
             marker = DIR / f"killed-{me}"
             if not marker.exists():
