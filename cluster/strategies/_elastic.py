@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from cluster import timeline
 from cluster._elastic_group import ElasticGroup
 from cluster.collectives.group import CollectiveGroup
 from cluster.collectives.options import CommunicationOptions
@@ -74,8 +75,9 @@ class ElasticExtended(StrategyExtended):
         """Enter the next generation (see :meth:`ElasticGroup.regroup`) and swap the collective
         group under this strategy. Raises ``ElasticGroupError`` when the run cannot go on."""
         old = self._group
-        transport = self._elastic.regroup(deadline)
         old.close()
+        with timeline.phase("elastic regroup"):  # on the trace: how long training paused
+            transport = self._elastic.regroup(deadline)
         group, ops = self._make_ops(transport)
         self._group = group
         self._cross_device_ops = ops
