@@ -120,11 +120,13 @@ class ElasticGroup:
         transport = self._open(answer.members, answer.generation, deadline)
         self.generation, self.members, self.joining = answer.generation, answer.members, False
         if answer.members and answer.members[0] == self.task:
-            # Logged once per change: by the new group's first rank.
+            # Logged once per change, by the new group's first rank; a warning, as a lost
+            # task's error is: the run goes on with other replicas than it was started with.
             left = [t for t in before if t not in answer.members]
             joined = [t for t in answer.members if t not in before] if before else []
-            log.info("%s: elastic group generation %d: %d replica(s) (%s)%s%s", self.task,
-                     answer.generation, len(answer.members), ", ".join(answer.members),
-                     f"; left: {', '.join(left)}" if left else "",
-                     f"; joined: {', '.join(joined)}" if joined else "")
+            level = logging.WARNING if answer.generation > 1 else logging.INFO
+            log.log(level, "%s: elastic group generation %d: %d replica(s) (%s)%s%s", self.task,
+                    answer.generation, len(answer.members), ", ".join(answer.members),
+                    f"; left: {', '.join(left)}" if left else "",
+                    f"; joined: {', '.join(joined)}" if joined else "")
         return transport

@@ -118,6 +118,13 @@ class NetnsHost:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
+    def renew(self, deadline: Deadline) -> None:
+        """Kill everything on the host and give it fresh PID, mount and UTS namespaces (an
+        empty ``/dev/shm``) on the same network namespace: a machine rebooted, or a pod's
+        replacement scheduled where the old one ran (same address)."""
+        self._stop_holder(deadline)
+        self._start_holder(deadline)
+
     # -- set-up and tear-down (NetnsCluster's) ----------------------------------------------------
 
     def _start_holder(self, deadline: Deadline) -> None:

@@ -17,7 +17,8 @@ The Kubernetes tests' harness. :class:`EmulatedPods` takes rendered manifests (f
 
 DNS: every pod's names start unpublished; a pod's names are published ``dns_delay`` seconds
 after it starts (0: just before), as a headless Service publishes a pod once it exists. A pod
-can start late (``delays``), minutes apart, as when images are pulled. Not emulated: restarts
+can start late (``delays``), minutes apart, as when images are pulled. A test replaces a pod as
+its controller would (:meth:`EmulatedPods.replace`). Not emulated: restarts on their own
 (``backoffLimitPerIndex``, ``restartPolicy: ExitCode``; each pod runs once), readiness,
 resources, the container's process being PID 1 of its namespace (the namespace's PID 1 is the
 harness's holder), and Job-level termination of a failed Job's other pods.
@@ -189,6 +190,19 @@ class EmulatedPods:
         self.process(name, timeout=0)
         assert self.cluster is not None
         self.cluster[name].kill()
+
+    def replace(self, name: str, timeout: float = 30.0) -> PodResult:
+        """Delete pod ``name`` at once (SIGKILL to its whole PID namespace: a node lost, a
+        ``kubectl delete --grace-period=0``) and start its replacement as its controller does
+        (a Job's retry, a StatefulSet): a new pod of the same name, environment and address,
+        on fresh namespaces. Returns how the deleted one ended."""
+        old = self.process(name, timeout=0)
+        assert self.cluster is not None
+        self.cluster[name].kill()
+        code, output = old.finish(timeout)
+        self.cluster[name].renew(Deadline.after(timeout))
+        self._start_pod(name)
+        return PodResult(name, self.pods[name].task, normalize(code), output)
 
     def terminate(self, names: Iterable[str], grace: float = 10.0) -> dict[str, PodResult]:
         """Stop pods as ``kubectl delete`` does: SIGTERM to each one's main process, SIGKILL
