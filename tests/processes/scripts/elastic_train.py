@@ -7,9 +7,10 @@ step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its 
 ``ELASTIC_HOLD`` = ``step@size``: at that step the group commits and waits (60 s at most) until
 it has ``size`` replicas again, so a restarted task rejoins before training ends whatever the
 machine's speed (every member runs the same loop: each commit is a collective). Every start
-appends its PID to ``ELASTIC_DIR/pids-<task>``. At the end each task prints ``FINAL <task> <json>``: its weights, the steps its state applied (in order),
-its PID and the replica counts it trained with; the chief also prints the weights of the same
-training done in one process (``REFERENCE``).
+appends its PID to ``ELASTIC_DIR/pids-<task>``. At the end each task prints ``FINAL <task>
+<json>``: its weights, the steps its state applied (in order), its PID and the replica counts it
+trained with; the chief also prints the weights of the same training done in one process
+(``REFERENCE``).
 """
 
 import json
