@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from cluster.checkpoint._trackables import Entry
     from cluster.strategies.base import Strategy
 
-__all__ = ["ExternalTrackable", "RawVariable", "StrategyDrivenOptimizer"]
+__all__ = ["ElasticExtended", "ExternalTrackable", "RawVariable", "StrategyDrivenOptimizer"]
 
 
 class RawVariable(Protocol):
@@ -89,3 +89,34 @@ class StrategyDrivenOptimizer(Protocol):
     def _update_rule(self) -> OptimizerSpec:
         """The optimizer's rule as a parameter server applies it; ``TypeError`` when it has
         none."""
+
+
+class ElasticExtended(Protocol):
+    """What ``cluster.elastic`` asks of a strategy's ``extended`` (every strategy's answers
+    ``_elastic_enabled``; an elastic ``MultiWorkerMirroredStrategy``'s,
+    :mod:`cluster.strategies._elastic`, answers all of them). ``strategy.extended`` mirrors
+    TF's ``StrategyExtended``, so these stay private-looking.
+    """
+
+    def _elastic_enabled(self) -> bool:
+        """Whether the group can re-form (``CLUSTER_ELASTIC``)."""
+        ...
+
+    def _elastic_pending(self) -> bool:
+        """Local, no collective: this task heard that a task waits to join, or left."""
+        ...
+
+    def _elastic_joining(self) -> bool:
+        """This task started while the group was running and is not in it yet."""
+        ...
+
+    def _elastic_regroup(self, deadline: Any) -> None:
+        """Block until the next generation of the group formed, by ``deadline`` (a
+        :class:`~cluster.deadline.Deadline`); afterwards ``num_replicas_in_sync``, replica ids
+        and collectives are the new group's. Raises ``ElasticGroupError`` when the run cannot
+        go on (fewer than the minimum left, naming who is gone)."""
+        ...
+
+    def _elastic_regroup_timeout(self) -> float:
+        """Seconds a regroup may take."""
+        ...

@@ -50,6 +50,10 @@ docstring states the contract. Those declared now, and why each is a protocol:
   strategies and the parameter-server values call back on an optimizer; they sit below
   ``cluster.optimizers`` (which imports them) so they cannot call a function of it, and public
   methods would widen the Keras-mirroring optimizers.
+- ``ElasticExtended`` (``_elastic_enabled``, ``_elastic_pending``, ``_elastic_joining``,
+  ``_elastic_regroup``, ``_elastic_regroup_timeout``): what ``cluster.elastic`` calls on
+  ``strategy.extended``, which mirrors TF's ``StrategyExtended``; implemented by the strategies'
+  ``extended`` (the elastic one answers all, every other says it is not elastic).
 
 ``_ALLOWED`` lists the uses that stay for now, each with its reason; an entry that no longer
 matches a use fails the test, so the list only shrinks. A protocol name no module uses across
