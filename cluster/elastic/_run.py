@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from cluster.elastic import _group
 from cluster.elastic._errors import MEMBERSHIP_FAILURES, RegroupLimitError
-from cluster.elastic._state import State, commits_of, running_under
+from cluster.elastic._state import State, commits_of, running_under, snapshot
 
 __all__ = ["MAX_REGROUPS_WITHOUT_COMMIT", "run"]
 
@@ -43,8 +43,9 @@ def run(strategy: Any, state: State) -> Callable[[Callable[..., T]], Callable[..
 
     When ``strategy`` is elastic (``clusterctl launch --elastic MIN:MAX``):
 
-    - on entry, a task that joins a running job first enters the group; then every member
-      :meth:`State.sync`\\ s, so all hold the same committed state;
+    - on entry, the state's current values become its last commit (a checkpoint restored after
+      the state was made counts), or, in a task that joins a running job, the task first
+      enters the group; then every member :meth:`State.sync`\\ s, so all hold the same state;
     - when ``fn`` raises a membership failure (a peer died or left: ``PeerUnavailableError``,
       ``CollectiveAbortedError``, ``PeerFailedError``, ``TransportClosedError``; or a task waits
       to join: :class:`MembershipChanged` from a commit), the state is restored to its last
@@ -89,6 +90,8 @@ def _run_elastic(strategy: Any, state: State, fn: Callable[..., T], args: tuple[
     if _group.joining(strategy):
         _group.regroup(strategy)
         cause = "joined a running job"
+    else:
+        snapshot(state)  # the values as the program left them (e.g. restored from a checkpoint)
     in_a_row = 0
     while True:
         commits = commits_of(state)

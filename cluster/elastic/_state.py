@@ -13,7 +13,7 @@ from cluster.elastic import _broadcast, _group, _plain
 from cluster.elastic._errors import MembershipChanged
 from cluster.elastic._tracked import Tracked
 
-__all__ = ["State", "commits_of", "running_under"]
+__all__ = ["State", "commits_of", "running_under", "snapshot"]
 
 # The strategy of the cluster.elastic.run this thread is in (None outside every run): the group
 # whose membership commit() agrees on. A context variable, so that threads (in-process groups)
@@ -35,6 +35,13 @@ def running_under(strategy: Any) -> Iterator[None]:
 def commits_of(state: State) -> int:
     """How many commits ``state`` has made (its construction and each sync count as one)."""
     return state._commits
+
+
+def snapshot(state: State) -> None:
+    """Take ``state``'s values as its last commit, without the membership agreement (what
+    :func:`cluster.elastic.run` does on entry, so that values set after the construction, such
+    as a checkpoint restored, are what the group starts from)."""
+    state._take_snapshot()
 
 
 class State:
@@ -68,7 +75,8 @@ class State:
       is elastic and the call is inside :func:`cluster.elastic.run`, agree with the group
       whether a task waits to join (a small collective every member must call at the same
       commit) and raise :class:`MembershipChanged` on every member if so. Constructing the
-      state is the first commit (without the agreement).
+      state is the first commit, and :func:`cluster.elastic.run` takes one on entry (both
+      without the agreement).
     - :meth:`restore`: put the last commit back.
     - :meth:`sync`: every member of the current group takes the committed state of one member
       that held it before the group formed (a collective).

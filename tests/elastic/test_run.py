@@ -182,3 +182,23 @@ def test_run_refuses_another_state():
         cluster.elastic.run(strategy, state)(lambda s: None)(State(step=1))
     with pytest.raises(TypeError, match="must be a cluster.elastic.State"):
         cluster.elastic.run(strategy, {"step": 0})
+
+
+def test_values_set_after_the_state_was_made_are_what_a_rollback_returns_to():
+    _, strategy = _task()
+    w = cluster.Variable(np.zeros(2))
+    state = State(w=w, step=0)
+    w.assign(np.array([3.0, 4.0]))    # e.g. a checkpoint restored after the state was made
+    state.step = 7
+    seen = []
+
+    @cluster.elastic.run(strategy, state)
+    def train(state):
+        seen.append((state.step, w.numpy().tolist()))
+        w.assign_add(np.ones(2))
+        state.step += 1
+        if len(seen) == 1:
+            raise PeerUnavailableError("worker:1 is unavailable", task="worker:1")
+
+    train(state)
+    assert seen == [(7, [3.0, 4.0]), (7, [3.0, 4.0])]

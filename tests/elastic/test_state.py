@@ -121,10 +121,10 @@ def test_refusals_name_the_value_and_the_fix():
 # -- sync across an in-process group of 3 tasks ---------------------------------------------
 
 
-def _group(n):
+def _group(n, devices=("/cpu:0",)):
     hub = InProcessHub(n)
     options = cluster.CommunicationOptions(timeout_seconds=20)
-    return [MultiWorkerMirroredStrategy._from_transport(t, devices=["/cpu:0"],
+    return [MultiWorkerMirroredStrategy._from_transport(t, devices=list(devices),
                                                         communication_options=options)
             for t in hub.transports]
 
@@ -180,8 +180,9 @@ def test_sync_takes_the_lowest_task_that_trained_and_never_a_fresh_joiner(commit
         assert out[r] == expected, (r, out[r])   # bit for bit, NaN payload and -0.0 included
 
 
-def test_a_fresh_joiner_receives_slots_it_never_made():
-    strategies = _group(2)
+@pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
+def test_a_fresh_joiner_receives_slots_it_never_made(devices):
+    strategies = _group(2, devices)
 
     def task(rank):
         with strategies[rank].scope():
@@ -189,12 +190,15 @@ def test_a_fresh_joiner_receives_slots_it_never_made():
         optimizer = cluster.optimizers.SGD(0.1, momentum=0.9)
         state = State(w=w, optimizer=optimizer)
         if rank == 1:  # trained: slots made (without a collective here), then committed
-            slots_of(optimizer, w)["momentum"].values[0].assign(np.array([0.5, -0.5]))
+            for component in slots_of(optimizer, w)["momentum"].values:
+                component.assign(np.array([0.5, -0.5]))
             optimizer.iterations = 3
             state.commit()
         state.sync(strategies[rank])
-        return (w.numpy().tolist(), optimizer.get_slot(w, "momentum").numpy().tolist(),
-                optimizer.iterations)
+        momentum = optimizer.get_slot(w, "momentum")
+        assert all(np.array_equal(c.numpy(), momentum.values[0].numpy())
+                   for c in momentum.values)      # every local replica's component
+        return (w.numpy().tolist(), momentum.numpy().tolist(), optimizer.iterations)
 
     out = in_threads({0: lambda: task(0), 1: lambda: task(1)})
     assert out[0] == out[1], out
