@@ -31,19 +31,69 @@ def _global_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     return x, x @ np.arange(1.0, D + 1) + 0.1 * rng.standard_normal(B)
 
 
-def _train(strategy: ElasticDouble, make_optimizer, script=lambda name, step, where: None):
-    w = cluster.Variable(np.zeros(D))
-    optimizer = make_optimizer()
-    state = State(w=w, optimizer=optimizer, step=0, applied=[])
+class NumpyModel:
+    """``w`` and a ``cluster.optimizers`` optimizer: a linear least-squares model."""
+
+    def __init__(self, make_optimizer) -> None:
+        self.w = cluster.Variable(np.zeros(D))
+        self.optimizer = make_optimizer()
+        self.values = {"w": self.w, "optimizer": self.optimizer}
+
+    def gradient(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x.T @ (x @ self.w.numpy() - y) / B   # the loss scaled by the global batch
+
+    def apply(self, g: np.ndarray) -> None:
+        self.optimizer.apply_gradients([(g, self.w)])
+
+    def weights(self) -> np.ndarray:
+        return self.w.numpy()
+
+
+class TorchModel:
+    """A ``torch.nn.Linear`` and a torch optimizer, tracked as ``cluster.torch.StateDict``."""
+
+    def __init__(self, make_optimizer) -> None:
+        import torch
+
+        from cluster.torch import StateDict
+
+        self.torch = torch
+        self.model = torch.nn.Linear(D, 1).double()
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.zero_()
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.values = {"model": StateDict(self.model), "optimizer": StateDict(self.optimizer)}
+
+    def gradient(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        self.model.zero_grad()
+        out = self.model(torch.from_numpy(x)).reshape(-1)
+        loss = ((out - torch.from_numpy(y)) ** 2).sum() / (2 * B)   # scaled by the global batch
+        loss.backward()
+        return np.concatenate([p.grad.numpy().reshape(-1) for p in self.model.parameters()])
+
+    def apply(self, g: np.ndarray) -> None:
+        offset = 0
+        for p in self.model.parameters():
+            p.grad = self.torch.from_numpy(g[offset:offset + p.numel()].copy()).reshape(p.shape)
+            offset += p.numel()
+        self.optimizer.step()
+
+    def weights(self) -> np.ndarray:
+        return np.concatenate([p.detach().numpy().reshape(-1) for p in self.model.parameters()])
+
+
+def _train(strategy: ElasticDouble, make_model, script=lambda name, step, where: None):
+    model = make_model()
+    state = State(**model.values, step=0, applied=[])
     computed: list[int] = []
 
     def replica_step(x, y):
         ctx = cluster.get_replica_context()
         rows = np.array_split(np.arange(B), ctx.num_replicas_in_sync)[
             ctx.replica_id_in_sync_group]
-        xr, yr = x[rows], y[rows]
-        local = xr.T @ (xr @ w.numpy() - yr) / B   # the loss scaled by the global batch
-        return ctx.all_reduce("SUM", local)
+        return ctx.all_reduce("SUM", model.gradient(x[rows], y[rows]))
 
     @cluster.elastic.run(strategy, state)
     def train(state):
@@ -51,7 +101,7 @@ def _train(strategy: ElasticDouble, make_optimizer, script=lambda name, step, wh
             script(strategy.name, state.step, "before")
             g = strategy.experimental_local_results(
                 strategy.run(replica_step, args=_global_batch(state.step)))[0]
-            optimizer.apply_gradients([(g, w)])
+            model.apply(np.asarray(g))
             computed.append(state.step)
             state.applied.append(state.step)
             state.step += 1
@@ -60,19 +110,30 @@ def _train(strategy: ElasticDouble, make_optimizer, script=lambda name, step, wh
                 state.commit()
 
     train(state)
-    return {"w": w.numpy(), "applied": list(state.applied), "computed": computed,
+    return {"w": model.weights(), "applied": list(state.applied), "computed": computed,
             "replicas": strategy.num_replicas_in_sync, "regroups": strategy.regroups}
 
 
-OPTIMIZERS = {"sgd-momentum": lambda: cluster.optimizers.SGD(0.05, momentum=0.9),
-              "adam": lambda: cluster.optimizers.Adam(0.05)}
+def _torch_model(make_optimizer):
+    pytest.importorskip("torch")
+    return lambda: TorchModel(make_optimizer)
 
 
-def _uninterrupted(make_optimizer) -> np.ndarray:
+MODELS = {
+    "sgd-momentum": lambda: lambda: NumpyModel(
+        lambda: cluster.optimizers.SGD(0.05, momentum=0.9)),
+    "adam": lambda: lambda: NumpyModel(lambda: cluster.optimizers.Adam(0.05)),
+    "torch-sgd-momentum": lambda: _torch_model(
+        lambda p: __import__("torch").optim.SGD(p, lr=0.05, momentum=0.9)),
+    "torch-adam": lambda: _torch_model(lambda p: __import__("torch").optim.Adam(p, lr=0.05)),
+}
+
+
+def _uninterrupted(make_model) -> np.ndarray:
     names = ["a", "b", "c"]
     membership = Membership(names)
     doubles = {n: ElasticDouble(membership, n) for n in names}
-    out = in_threads({n: (lambda n=n: _train(doubles[n], make_optimizer)) for n in names})
+    out = in_threads({n: (lambda n=n: _train(doubles[n], make_model)) for n in names})
     for n in names:
         assert not isinstance(out[n], BaseException), out[n]
         assert np.array_equal(out[n]["w"], out["a"]["w"])
@@ -80,9 +141,9 @@ def _uninterrupted(make_optimizer) -> np.ndarray:
     return out["a"]["w"]
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_losing_a_task_and_gaining_one_gives_the_uninterrupted_weights(optimizer):
-    make = OPTIMIZERS[optimizer]
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_losing_a_task_and_gaining_one_gives_the_uninterrupted_weights(model):
+    make = MODELS[model]()
     reference = _uninterrupted(make)
 
     names = ["a", "b", "c"]
