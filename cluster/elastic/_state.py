@@ -86,9 +86,11 @@ class State:
     def __init__(self, **values: Any) -> None:
         tracked = {n: v for n, v in values.items() if not _plain.is_plain(v)}
         for name in values:
-            if name.startswith("_"):
-                raise ValueError(f"elastic.State: value name {name!r} must not start with '_'")
-        object.__setattr__(self, "_tracked_names", frozenset(tracked))
+            if name.startswith("_") or hasattr(State, name):
+                raise ValueError(f"elastic.State: {name!r} cannot name a value (it starts with "
+                                 "'_' or is a method of State); choose another name")
+        object.__setattr__(self, "_names", frozenset(values))
+        object.__setattr__(self, "_tracked_values", tracked)
         object.__setattr__(self, "_tracked", Tracked(tracked))
         object.__setattr__(self, "_plain", {n: v for n, v in values.items() if n not in tracked})
         object.__setattr__(self, "_callbacks", [])
@@ -97,24 +99,27 @@ class State:
         # taking the group's state in sync(). A task that joined with its initial values only
         # has False, and is never the root of a sync while a task with True is in the group.
         object.__setattr__(self, "_holds_group_state", False)
-        object.__setattr__(self, "_values", dict(values))
         self._take_snapshot()
 
     # -- the values ------------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values", {})
-        if name in values:
-            return self._plain[name] if name in self._plain else values[name]
+        # Called only for names that are not attributes of the object itself: the values.
+        plain, tracked = self.__dict__.get("_plain", {}), self.__dict__.get("_tracked_values", {})
+        if name in plain:
+            return plain[name]
+        if name in tracked:
+            return tracked[name]
+        names = sorted(self.__dict__.get("_names", ()))
         raise AttributeError(f"elastic.State has no value {name!r} (it has "
-                             f"{', '.join(sorted(values)) or 'none'}); pass it to State(...)")
+                             f"{', '.join(names) or 'none'}); pass it to State(...)")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._tracked_names:
+        if name in self._tracked_values:
             raise AttributeError(
                 f"elastic.State: {name} is tracked in place; change the object itself (e.g. "
                 f"state.{name}.assign(...)) rather than the name")
-        if name not in self._values:
+        if name not in self._names:
             raise AttributeError(f"elastic.State has no value {name!r}; pass it to "
                                  "State(...) so that it is committed and restored")
         if not _plain.is_plain(value):
@@ -123,7 +128,7 @@ class State:
         self._plain[name] = value
 
     def __repr__(self) -> str:
-        return f"State({', '.join(sorted(self._values))}; {self._commits} commit(s))"
+        return f"State({', '.join(sorted(self._names))}; {self._commits} commit(s))"
 
     # -- commit, restore, sync -------------------------------------------------------------------
 

@@ -114,6 +114,8 @@ def test_refusals_name_the_value_and_the_fix():
         state.step = object()
     with pytest.raises(TypeError, match="elastic.State: mixed/1"):
         State(mixed=[w, object()])
+    with pytest.raises(ValueError, match="'commit' cannot name a value"):
+        State(commit=1)
     with pytest.raises(AttributeError, match="has no value 'nope'"):
         _ = state.nope
 
