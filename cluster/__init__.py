@@ -46,7 +46,7 @@ _ATTRIBUTES = {
 }
 
 if TYPE_CHECKING:
-    from cluster import coordinator, elastic, metrics, optimizers, runtime
+    from cluster import coordinator, metrics, optimizers, runtime
     from cluster._context import (
         get_replica_context,
         get_strategy,
