@@ -21,7 +21,8 @@ In a task of an elastic launch (not a doctest: it needs the cluster)::
   ``sync(strategy)``, ``register_reset_callbacks(fns)``.
 - :func:`run`: on a lost peer or a task waiting to join, roll back to the last commit, re-form
   the group, hand the committed state to every member, call the function again.
-- :class:`MembershipChanged`, :class:`BelowMinimumError`, :class:`RegroupLimitError`.
+- :class:`MembershipChanged`, :class:`RegroupLimitError`, and
+  :class:`~cluster.errors.ElasticGroupError` (the group cannot re-form: below the minimum).
 
 With a global batch that does not depend on the number of replicas, split among them, and the
 loss scaled by the global batch, the result equals the run without the change of membership.
@@ -31,13 +32,13 @@ program runs as any other (``run`` calls the function once).
 
 from __future__ import annotations
 
-from cluster.elastic._errors import BelowMinimumError, MembershipChanged, RegroupLimitError
+from cluster.elastic._errors import ElasticGroupError, MembershipChanged, RegroupLimitError
 from cluster.elastic._run import MAX_REGROUPS_WITHOUT_COMMIT, run
 from cluster.elastic._state import State
 
 __all__ = [
     "MAX_REGROUPS_WITHOUT_COMMIT",
-    "BelowMinimumError",
+    "ElasticGroupError",
     "MembershipChanged",
     "RegroupLimitError",
     "State",

@@ -1,18 +1,22 @@
-"""The errors of elastic training, in :mod:`cluster.errors`' hierarchy (``ClusterError``)."""
+"""The errors of elastic training, in :mod:`cluster.errors`' hierarchy (``ClusterError``).
+
+``ElasticGroupError`` (the group cannot re-form: below the minimum, naming who is gone) is the
+strategy's, defined in :mod:`cluster.errors` and exported here too."""
 
 from __future__ import annotations
 
 from cluster.errors import (
     ClusterError,
     CollectiveAbortedError,
+    ElasticGroupError,
     PeerFailedError,
     PeerUnavailableError,
     TransportClosedError,
 )
 
 __all__ = [
-    "BelowMinimumError",
     "MEMBERSHIP_FAILURES",
+    "ElasticGroupError",
     "MembershipChanged",
     "RegroupLimitError",
 ]
@@ -28,15 +32,6 @@ class MembershipChanged(ClusterError):
     def __init__(self, message: str, *, commits: int = 0) -> None:
         super().__init__(message)
         self.commits = commits
-
-
-class BelowMinimumError(ClusterError):
-    """Fewer tasks remain than the job's elastic minimum: the job fails. ``missing`` names the
-    tasks that are gone (e.g. ``["worker:2"]``)."""
-
-    def __init__(self, message: str, *, missing: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.missing = list(missing or [])
 
 
 class RegroupLimitError(ClusterError):

@@ -54,8 +54,9 @@ def run(strategy: Any, state: State) -> Callable[[Callable[..., T]], Callable[..
     - any other exception propagates unchanged.
 
     Raises:
-      BelowMinimumError: (or another ``ClusterError`` from the strategy) the group cannot
-        re-form, e.g. fewer tasks than the minimum remain.
+      ElasticGroupError: (or another ``ClusterError`` from the strategy) the group cannot
+        re-form, e.g. fewer tasks than the minimum remain; chained to the failure that led to
+        the regroup.
       RegroupLimitError: :data:`MAX_REGROUPS_WITHOUT_COMMIT` regroups in a row without a
         commit between them.
 

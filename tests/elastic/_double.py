@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from cluster.deadline import Deadline
-from cluster.elastic import BelowMinimumError
+from cluster.elastic import ElasticGroupError
 from cluster.strategies.multi_worker import MultiWorkerMirroredStrategy
 from cluster.transport.inproc import InProcessHub
 
@@ -39,7 +39,7 @@ class Membership:
         self._waiting: list[str] = []
         self._arrived: set[str] = set()
         self.heard: set[str] = set()  # members whose _elastic_pending() is True
-        self._failure: BelowMinimumError | None = None
+        self._failure: ElasticGroupError | None = None
 
     def transport_of(self, name: str) -> Any:
         with self._cond:
@@ -74,9 +74,9 @@ class Membership:
             if self._arrived >= expected:
                 survivors = [m for m in self.members if m not in self._gone]
                 if len(survivors) + len(self._waiting) < self.minimum:
-                    self._failure = BelowMinimumError(
+                    self._failure = ElasticGroupError(
                         f"elastic: {len(survivors)} task(s) left, minimum {self.minimum}; "
-                        f"gone: {sorted(self._gone)}", missing=sorted(self._gone))
+                        f"gone: {sorted(self._gone)}", gone=tuple(sorted(self._gone)))
                     self.generation += 1  # wake the others: they fail too
                     self._cond.notify_all()
                     raise self._failure

@@ -12,7 +12,7 @@ import pytest
 import cluster
 from cluster.elastic import (
     MAX_REGROUPS_WITHOUT_COMMIT,
-    BelowMinimumError,
+    ElasticGroupError,
     MembershipChanged,
     RegroupLimitError,
     State,
@@ -90,7 +90,7 @@ def test_a_regroup_that_fails_ends_the_run_with_its_error():
         state.step = 5
         raise PeerUnavailableError("worker:1 is unavailable", task="worker:1")
 
-    with pytest.raises(BelowMinimumError, match="minimum 2") as info:
+    with pytest.raises(ElasticGroupError, match="minimum 2") as info:
         train(state)
     assert isinstance(info.value.__context__, PeerUnavailableError)
     assert state.step == 0        # rolled back before the regroup was tried
