@@ -19,7 +19,7 @@ from cluster import _context  # the standard library only
 
 # Names resolved on first use (PEP 562), so `import cluster.ctl.cli` (clusterctl --help) does not
 # pay for grpc and numpy: importing every strategy takes ~2 s on a loaded 2-core machine.
-_SUBMODULES = ("coordinator", "metrics", "optimizers", "runtime")
+_SUBMODULES = ("coordinator", "elastic", "metrics", "optimizers", "runtime")
 _ATTRIBUTES = {
     "get_replica_context": "cluster._context",
     "get_strategy": "cluster._context",
