@@ -13,7 +13,9 @@ the signal wake-up fd, against deadlines; no sleeps, no polling) until every tas
   when a task that only followed it is the first to exit;
 - a task that exits on its own while the run goes on is handled alone as
   :func:`cluster.ctl.policy.on_task_exit` says (``mode: coordinator``: a worker is started
-  again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times);
+  again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times; an
+  elastic run, :func:`cluster.ctl.policy.on_elastic_exit`: a chief or worker likewise, while
+  at least ``elastic.min`` of them run, each event in ``RUN_DIR/membership.jsonl``);
 - then :func:`cluster.ctl.policy.assess` says whether the run is over: on failure every task is
   stopped (SIGTERM to each process group, SIGKILL after ``timeouts.grace``); on success the
   servers are stopped and the trainers get the grace to finish;
@@ -40,6 +42,8 @@ from pathlib import Path
 from cluster import exitcodes, lifecycle
 from cluster._stacks import DUMP_SIGNAL
 from cluster.ctl import _telemetry, policy
+from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
+from cluster.ctl._membership import MembershipLog
 from cluster.ctl._output import Console, is_native_log_line
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.certs import RunTls
@@ -67,12 +71,20 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the worker/ and ps/ pa
 @dataclass
 class Outcome:
     """How an attempt ended: its phase, every task exit in order, the signal that interrupted
-    it (if any), and whether it ran past ``timeouts.run``."""
+    it (if any), and whether it ran past ``timeouts.run``. ``handled``: the ``order`` of each
+    exit acted on alone (the task was restarted or given up on: no cause of the run's end);
+    ``note``: why an elastic run failed (too few tasks left, and which are gone)."""
 
     phase: policy.Phase
     exits: list[policy.TaskExit]
     interrupted: int | None = None
     timed_out: bool = False
+    handled: frozenset[int] = frozenset()
+    note: str = ""
+
+    def decisive(self) -> list[policy.TaskExit]:
+        """The exits that decided the run: all but those :attr:`handled`."""
+        return [e for e in self.exits if e.order not in self.handled]
 
 
 _TRACEBACK = "Traceback (most recent call last):"  # how Python starts a printed traceback
@@ -143,6 +155,10 @@ class Attempt:
         self._number = number
         self._restart_delay = restart_delay
         self._tls = tls
+        self._handled: set[int] = set()  # orders of the exits acted on alone
+        self._given_up: set[str] = set()
+        self._note = ""
+        self._membership = MembershipLog(run_dir, str(spec.elastic or ""))
         self.sel = selectors.DefaultSelector()
 
     def _env(self, task: TaskProcess) -> dict[str, str]:
@@ -162,6 +178,8 @@ class Attempt:
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
+        if self.spec.elastic is not None and task.job in ELASTIC_JOBS:
+            env[ENV_ELASTIC] = str(self.spec.elastic)  # MIN:MAX
         if self._tls is not None:  # tls: in the cluster file: CLUSTER_TLS_CERT/_KEY/_CA
             env.update(self._tls.env(task.job, task.index))
         env.update(_telemetry.task_env(self.spec, task.log_path.parent, task.name, env))
@@ -271,7 +289,8 @@ class Attempt:
             return
         self._announced = True
         records = self._records()
-        root = policy.root_cause(self.exits, self.spec.mode) if self.exits else None
+        decisive = [e for e in self.exits if e.order not in self._handled]
+        root = policy.root_cause(decisive, self.spec.mode) if decisive else None
         start = root.task if root is not None else next(
             (n for n, r in records.items() if policy.is_secondary(n, r.exit_code, r.root_task)),
             None)
@@ -299,6 +318,8 @@ class Attempt:
         self.console.info(f"starting {task.name} again (restart {task.restarts} of "
                           f"{self.spec.restart.max_worker_restarts})")
         self._start(task)
+        if self.spec.elastic is not None:
+            self._record("started", task)
 
     def _close_output(self, task: TaskProcess) -> None:
         if task.out_fd < 0:
@@ -363,6 +384,9 @@ class Attempt:
         self._assess()
 
     def _act_alone(self, task: TaskProcess) -> None:
+        if self.spec.elastic is not None:
+            self._act_elastic(task)
+            return
         limit = self.spec.restart.max_worker_restarts
         action = policy.on_task_exit(task.name, task.code, mode=self.spec.mode,
                                      restarts_done=task.restarts, max_restarts=limit)
@@ -386,11 +410,72 @@ class Attempt:
             self.console.info(f"{what}; parameter servers are not restarted (their variables "
                               "are lost): the chief's exit decides the run", error=True)
 
+    # -- elastic runs ------------------------------------------------------------------------
+
+    def _members_running(self) -> list[TaskProcess]:
+        return [t for t in self.tasks if t.job in ELASTIC_JOBS and t.running and not t.stopped]
+
+    def _record(self, event: str, task: TaskProcess) -> None:
+        """Append ``event`` of ``task`` to the run's membership record; a record that cannot be
+        written costs ``clusterctl status`` its list, not the run (said once)."""
+        try:
+            self._membership.write(event, task.name, code=task.code if event != "started"
+                                   else None, cause=task.cause() if event != "started" else "",
+                                   running=len(self._members_running()), restart=task.restarts)
+        except OSError as e:
+            if self._membership.elastic:
+                self.console.info(f"cannot record {event} of {task.name} in "
+                                  f"{self._membership.path}: {e}", error=True)
+                self._membership.elastic = ""  # said once; the events still reach the console
+
+    def _act_elastic(self, task: TaskProcess) -> None:
+        """A chief or worker of an elastic run exited on its own: restart it alone, give up on
+        it, or fail the run when too few are left (:func:`policy.on_elastic_exit`)."""
+        bounds, limit = self.spec.elastic, self.spec.restart.max_worker_restarts
+        running = len(self._members_running())
+        action = policy.on_elastic_exit(task.name, task.code, restarts_done=task.restarts,
+                                        max_restarts=limit, policy=self.spec.restart.policy,
+                                        running=running, minimum=bounds.min)
+        cause = task.cause()
+        what = (f"{task.name} exited ({cause})" if cause.startswith("killed by ")
+                else f"{task.name} exited {exitcodes.describe(task.code)} ({cause})")
+        where = f"elastic {bounds}, {running} running"
+        if action is policy.TaskAction.RESTART:
+            self._handled.add(self.exits[-1].order)
+            task.restarts += 1
+            task.restart_at = Deadline.after(self._restart_delay)
+            self.console.info(f"{what}; restarting it alone in {self._restart_delay:g} s "
+                              f"(restart {task.restarts} of {limit}; {where})", error=True)
+            self._record("restarting", task)
+        elif action is policy.TaskAction.GIVE_UP:
+            self._handled.add(self.exits[-1].order)
+            self._given_up.add(task.name)
+            self.console.info(f"{what}; not restarting it: restart.max_worker_restarts = "
+                              f"{limit} used up; the run goes on without it ({where})",
+                              error=True)
+            self._record("given-up", task)
+        elif action is policy.TaskAction.BELOW_MIN:
+            gone = [t for t in self.tasks if t.job in ELASTIC_JOBS and t.code not in (None, 0)]
+            listed = ", ".join(f"{t.name} ({t.cause()})" for t in gone)
+            self._note = (f"elastic {bounds}: {running} chief/worker task"
+                          f"{'s' if running != 1 else ''} running, below min {bounds.min}; "
+                          f"gone: {listed}")
+            self._announced = True
+            self.console.info(f"{what}; {self._note}: the run fails", error=True)
+            self._record("below-min", task)
+            self.phase = policy.Phase.FAILED
+            for other in self.tasks:
+                if other.restart_at is not None:  # a restart due, now never made
+                    other.restart_at = None
+                    other.restarts -= 1
+            self._stop_all(f"elastic {bounds}: fewer than {bounds.min} running")
+
     def _assess(self) -> None:
         if self.phase is not policy.Phase.RUNNING:
             return
-        codes = {e.task: e.code for e in self.exits}
-        self.phase = policy.assess(codes, [t.name for t in self.tasks], self.spec.mode)
+        codes = {e.task: e.code for e in self.exits if e.order not in self._handled}
+        tasks = [t.name for t in self.tasks if t.name not in self._given_up]
+        self.phase = policy.assess(codes, tasks, self.spec.mode)
         if self.phase is not policy.Phase.RUNNING:
             for task in self.tasks:
                 task.restart_at = None
@@ -492,4 +577,5 @@ class Attempt:
                 self._close_output(task)
                 task.close()
             self.sel.close()
-        return Outcome(self.phase, self.exits, self.interrupted, self.timed_out)
+        return Outcome(self.phase, self.exits, self.interrupted, self.timed_out,
+                       frozenset(self._handled), self._note)
