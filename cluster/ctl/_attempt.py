@@ -456,7 +456,7 @@ class Attempt:
             self._record("given-up", task)
         elif action is policy.TaskAction.BELOW_MIN:
             gone = [t for t in self.tasks if t.job in ELASTIC_JOBS and t.code not in (None, 0)]
-            listed = ", ".join(f"{t.name} ({t.cause()})" for t in gone)
+            listed = ", ".join(f"{t.name} (exit {exitcodes.describe(t.code)})" for t in gone)
             self._note = (f"elastic {bounds}: {running} chief/worker task"
                           f"{'s' if running != 1 else ''} running, below min {bounds.min}; "
                           f"gone: {listed}")
