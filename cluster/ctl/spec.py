@@ -418,7 +418,7 @@ def _restart(c: Checker, node: Located, where: _Where) -> RestartPolicy | None:
         if n is not None and where.mode_ok and where.mode != COORDINATOR and not where.elastic:
             c.add(item.line, "restart.max_worker_restarts", "only applies to "
                   f"`mode: {COORDINATOR}` or an elastic run (this file's mode is {where.mode})",
-                  f"add `mode: {COORDINATOR}` or `elastic:`, or remove this key; in "
+                  f"add `mode: {COORDINATOR}` or remove this key (or add `elastic:`); in "
                   f"{COLLECTIVE} mode a failure restarts the whole cluster "
                   "(restart.max_restarts)")
         elif n is not None:
