@@ -107,6 +107,9 @@ def _add_render(sub: Any) -> None:
     cmd.add_argument("--nodes", type=int, metavar="N", help="slurm: #SBATCH --nodes")
     cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
     cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
+    cmd.add_argument("--elastic", metavar="MIN:MAX",
+                     help="render an elastic run (overrides the file's `elastic:`), as "
+                          "`clusterctl launch --elastic` runs it")
     cmd.set_defaults(handler=_cmd_render)
 
 
@@ -295,6 +298,15 @@ def _cmd_render(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     spec = _load(args.file)
     if spec is None:
         return EXIT_USAGE
+    if args.elastic is not None:
+        from cluster.ctl._elastic import with_elastic
+        from cluster.errors import ClusterFileError
+
+        try:
+            spec = with_elastic(spec, args.elastic, args.file)
+        except ClusterFileError as e:
+            _problems(f"render {args.file}", e)
+            return EXIT_USAGE
     from cluster.ctl import render
 
     options = render.RenderOptions(task=args.task, image=args.image, namespace=args.namespace,

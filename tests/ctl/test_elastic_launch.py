@@ -62,7 +62,8 @@ def membership(run_dir: Path) -> list[tuple[str, str, int]]:
 def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_processes(
         tmp_path, marker) -> None:
     result, out, out_dir = elastic_run(tmp_path, marker, jobs="{chief: 1, worker: 3}",
-                                       elastic="{min: 2, max: 4}", victims="worker:1")
+                                       elastic="{min: 2, max: 4}", victims="worker:1",
+                                       extra="timeline: true\n")
     assert result.exit_code == 0, out
     assert result.attempts == 1  # the cluster itself never restarted
     for task in ("chief:0", "worker:0", "worker:2"):  # one process each, all run long
@@ -81,6 +82,12 @@ def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_process
                for t in ("chief:0", "worker:0", "worker:2"))
     assert membership(result.run_dir) == [("worker:1", "restarting", 3),
                                           ("worker:1", "started", 4)]
+    # The timeline shows both on clusterctl's own track.
+    trace = json.loads((result.run_dir / "timeline.json").read_text())["traceEvents"]
+    (track,) = [e["pid"] for e in trace if e["name"] == "process_name"
+                and e["args"]["name"] == "clusterctl"]
+    assert [e["name"] for e in trace if e["pid"] == track and e["ph"] == "i"] == [
+        "worker:1 restarting", "worker:1 started"]
 
 
 def test_kills_that_leave_fewer_than_min_fail_the_run_naming_who_is_gone(tmp_path,

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cluster.ctl.cli import main
 from cluster.ctl.render import RenderOptions, render
 from cluster.ctl.render.k8s import PERMANENT_EXIT_CODES
 from cluster.ctl.spec import load_cluster_file
@@ -180,3 +181,12 @@ def test_the_sbatch_wrapper_restarts_a_dead_rank_alone(tmp_path, rank, starts, c
     if starts == 2:
         assert f"[slurm] rank {rank} exited 137: restarting it alone (restart 1 of 3)" \
             in done.stderr
+
+
+def test_render_elastic_flag_overrides_the_file(tmp_path, capsys) -> None:
+    path = write(tmp_path, ELASTIC)
+    assert main(["render", str(path), "--format", "tf-config", "--elastic", "1:3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("\tCLUSTER_ELASTIC=1:3")
+    assert main(["render", str(path), "--format", "k8s", "--elastic", "1:5"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: --elastic: max 5 is above the 4 chief and worker tasks" in err
