@@ -15,7 +15,9 @@ the signal wake-up fd, against deadlines; no sleeps, no polling) until every tas
   :func:`cluster.ctl.policy.on_task_exit` says (``mode: coordinator``: a worker is started
   again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times; an
   elastic run, :func:`cluster.ctl.policy.on_elastic_exit`: a chief or worker likewise, while
-  at least ``elastic.min`` of them run, each event in ``RUN_DIR/membership.jsonl``);
+  at least ``elastic.min`` of them run, each event in ``RUN_DIR/membership.jsonl``; the
+  coordination service runs in a process of its own, :mod:`cluster.ctl._service`, started
+  first and stopped last);
 - then :func:`cluster.ctl.policy.assess` says whether the run is over: on failure every task is
   stopped (SIGTERM to each process group, SIGKILL after ``timeouts.grace``); on success the
   servers are stopped and the trainers get the grace to finish;
@@ -42,9 +44,10 @@ from pathlib import Path
 from cluster import exitcodes, lifecycle
 from cluster._stacks import DUMP_SIGNAL
 from cluster.ctl import _telemetry, policy
-from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
-from cluster.ctl._membership import MembershipLog
+from cluster.ctl._elastic import ENV_ELASTIC
+from cluster.ctl._elastic_run import ElasticRun
 from cluster.ctl._output import Console, is_native_log_line
+from cluster.ctl._service import SERVICE_ARGV, cluster_only
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.certs import RunTls
 from cluster.ctl.spec import ClusterFile
@@ -155,10 +158,8 @@ class Attempt:
         self._number = number
         self._restart_delay = restart_delay
         self._tls = tls
-        self._handled: set[int] = set()  # orders of the exits acted on alone
-        self._given_up: set[str] = set()
-        self._note = ""
-        self._membership = MembershipLog(run_dir, str(spec.elastic or ""))
+        self.elastic = (ElasticRun(spec, console, run_dir, addresses, timestamps=timestamps)
+                        if spec.elastic is not None else None)
         self.sel = selectors.DefaultSelector()
 
     def _env(self, task: TaskProcess) -> dict[str, str]:
@@ -178,8 +179,8 @@ class Attempt:
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
-        if self.spec.elastic is not None and task.job in ELASTIC_JOBS:
-            env[ENV_ELASTIC] = str(self.spec.elastic)  # MIN:MAX
+        if self.elastic is not None:  # the service's address; chief and workers: MIN:MAX
+            env.update(self.elastic.task_env(task.job))
         if self._tls is not None:  # tls: in the cluster file: CLUSTER_TLS_CERT/_KEY/_CA
             env.update(self._tls.env(task.job, task.index))
         env.update(_telemetry.task_env(self.spec, task.log_path.parent, task.name, env))
@@ -289,7 +290,7 @@ class Attempt:
             return
         self._announced = True
         records = self._records()
-        decisive = [e for e in self.exits if e.order not in self._handled]
+        decisive = [e for e in self.exits if e.order not in self._handled()]
         root = policy.root_cause(decisive, self.spec.mode) if decisive else None
         start = root.task if root is not None else next(
             (n for n, r in records.items() if policy.is_secondary(n, r.exit_code, r.root_task)),
@@ -318,8 +319,8 @@ class Attempt:
         self.console.info(f"starting {task.name} again (restart {task.restarts} of "
                           f"{self.spec.restart.max_worker_restarts})")
         self._start(task)
-        if self.spec.elastic is not None:
-            self._record("started", task)
+        if self.elastic is not None:
+            self.elastic.record("started", task, self.tasks)
 
     def _close_output(self, task: TaskProcess) -> None:
         if task.out_fd < 0:
@@ -384,7 +385,7 @@ class Attempt:
         self._assess()
 
     def _act_alone(self, task: TaskProcess) -> None:
-        if self.spec.elastic is not None:
+        if self.elastic is not None:
             self._act_elastic(task)
             return
         limit = self.spec.restart.max_worker_restarts
@@ -412,69 +413,54 @@ class Attempt:
 
     # -- elastic runs ------------------------------------------------------------------------
 
-    def _members_running(self) -> list[TaskProcess]:
-        return [t for t in self.tasks if t.job in ELASTIC_JOBS and t.running and not t.stopped]
+    def _start_service(self) -> None:
+        """Start the coordination service's process (elastic runs), before any task."""
+        if self.elastic is None:
+            return
+        service = self.elastic.service
+        env = self._env(service.process)
+        env["TF_CONFIG"] = cluster_only(self.addresses)
+        env[ENV_ELASTIC] = str(self.spec.elastic)
+        service.start([sys.executable, *SERVICE_ARGV], env, self.spec.workdir,
+                      f"=== attempt {self._number}: the coordination service on "
+                      f"{service.address} ===", self.sel)
 
-    def _record(self, event: str, task: TaskProcess) -> None:
-        """Append ``event`` of ``task`` to the run's membership record; a record that cannot be
-        written costs ``clusterctl status`` its list, not the run (said once)."""
-        try:
-            self._membership.write(event, task.name, code=task.code if event != "started"
-                                   else None, cause=task.cause() if event != "started" else "",
-                                   running=len(self._members_running()), restart=task.restarts)
-        except OSError as e:
-            if self._membership.elastic:
-                self.console.info(f"cannot record {event} of {task.name} in "
-                                  f"{self._membership.path}: {e}", error=True)
-                self._membership.elastic = ""  # said once; the events still reach the console
+    def _on_service(self, kind: str) -> None:
+        """The service wrote (its log) or exited: while the run goes on, that fails it."""
+        service = self.elastic.service
+        if not service.on_event(kind, self.sel) or self.phase is not policy.Phase.RUNNING:
+            return
+        process = service.process
+        self.elastic.note = (f"the coordination service exited "
+                             f"{exitcodes.describe(process.code)} ({process.cause()}; "
+                             f"{process.log_path.name})")
+        self.console.info(f"{self.elastic.note}: the tasks cannot coordinate without it",
+                          error=True)
+        self._fail_alone("the coordination service is gone")
 
     def _act_elastic(self, task: TaskProcess) -> None:
-        """A chief or worker of an elastic run exited on its own: restart it alone, give up on
-        it, or fail the run when too few are left (:func:`policy.on_elastic_exit`)."""
-        bounds, limit = self.spec.elastic, self.spec.restart.max_worker_restarts
-        running = len(self._members_running())
-        action = policy.on_elastic_exit(task.name, task.code, restarts_done=task.restarts,
-                                        max_restarts=limit, policy=self.spec.restart.policy,
-                                        running=running, minimum=bounds.min)
-        cause = task.cause()
-        what = (f"{task.name} exited ({cause})" if cause.startswith("killed by ")
-                else f"{task.name} exited {exitcodes.describe(task.code)} ({cause})")
-        where = f"elastic {bounds}, {running} running"
-        if action is policy.TaskAction.RESTART:
-            self._handled.add(self.exits[-1].order)
-            task.restarts += 1
-            task.restart_at = Deadline.after(self._restart_delay)
-            self.console.info(f"{what}; restarting it alone in {self._restart_delay:g} s "
-                              f"(restart {task.restarts} of {limit}; {where})", error=True)
-            self._record("restarting", task)
-        elif action is policy.TaskAction.GIVE_UP:
-            self._handled.add(self.exits[-1].order)
-            self._given_up.add(task.name)
-            self.console.info(f"{what}; not restarting it: restart.max_worker_restarts = "
-                              f"{limit} used up; the run goes on without it ({where})",
-                              error=True)
-            self._record("given-up", task)
-        elif action is policy.TaskAction.BELOW_MIN:
-            gone = [t for t in self.tasks if t.job in ELASTIC_JOBS and t.code not in (None, 0)]
-            listed = ", ".join(f"{t.name} (exit {exitcodes.describe(t.code)})" for t in gone)
-            self._note = (f"elastic {bounds}: {running} chief/worker task"
-                          f"{'s' if running != 1 else ''} running, below min {bounds.min}; "
-                          f"gone: {listed}")
-            self._announced = True
-            self.console.info(f"{what}; {self._note}: the run fails", error=True)
-            self._record("below-min", task)
-            self.phase = policy.Phase.FAILED
-            for other in self.tasks:
-                if other.restart_at is not None:  # a restart due, now never made
-                    other.restart_at = None
-                    other.restarts -= 1
-            self._stop_all(f"elastic {bounds}: fewer than {bounds.min} running")
+        """A chief or worker of an elastic run exited on its own (:class:`ElasticRun`)."""
+        action = self.elastic.on_exit(task, self.exits[-1].order, self.tasks,
+                                      self._restart_delay)
+        if action is policy.TaskAction.BELOW_MIN:
+            bounds = self.spec.elastic
+            self._fail_alone(f"elastic {bounds}: fewer than {bounds.min} running")
+
+    def _fail_alone(self, why: str) -> None:
+        """Fail the attempt for a reason of the elastic side, already said on the console."""
+        self._announced = True
+        self.phase = policy.Phase.FAILED
+        for task in self.tasks:
+            task.restart_at = None
+        self._stop_all(why)
 
     def _assess(self) -> None:
         if self.phase is not policy.Phase.RUNNING:
             return
-        codes = {e.task: e.code for e in self.exits if e.order not in self._handled}
-        tasks = [t.name for t in self.tasks if t.name not in self._given_up]
+        handled = self._handled()
+        given_up = self.elastic.given_up if self.elastic is not None else set()
+        codes = {e.task: e.code for e in self.exits if e.order not in handled}
+        tasks = [t.name for t in self.tasks if t.name not in given_up]
         self.phase = policy.assess(codes, tasks, self.spec.mode)
         if self.phase is not policy.Phase.RUNNING:
             for task in self.tasks:
@@ -537,6 +523,7 @@ class Attempt:
             # exec, never the task's own start-up.
             began = time.monotonic()
             try:
+                self._start_service()
                 self._start_all()
                 self._on_signal()
             except BaseException:
@@ -567,15 +554,24 @@ class Attempt:
                     elif kind == "exit":
                         self._reap(task)
                         self._on_exit(task)
+                    elif kind.startswith("service"):
+                        self._on_service(kind)
                     else:
                         self._on_signal()
                 self.console.tick()
                 self._check_deadlines(run_deadline)
         finally:
             self._kill_all()
+            if self.elastic is not None:
+                self.elastic.service.shutdown(self.sel, self.spec.timeouts.grace)
             for task in self.tasks:
                 self._close_output(task)
                 task.close()
             self.sel.close()
         return Outcome(self.phase, self.exits, self.interrupted, self.timed_out,
-                       frozenset(self._handled), self._note)
+                       frozenset(self._handled()),
+                       self.elastic.note if self.elastic is not None else "")
+
+    def _handled(self) -> set[int]:
+        """The order of each exit acted on alone (elastic runs), no cause of the end."""
+        return self.elastic.handled if self.elastic is not None else set()

@@ -21,8 +21,9 @@ and supervises the attempt (:mod:`cluster.ctl._attempt`; one task's process is
   that dies is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, same
   port) up to ``restart.max_worker_restarts`` times, then left down; a parameter server that
   dies is not restarted (the chief's coordinator fails, naming it);
-- ``elastic: {min, max}`` (``--elastic MIN:MAX``): every chief and worker gets
-  ``CLUSTER_ELASTIC=MIN:MAX``; one that dies (a signal, or a failure ``restart.policy``
+- ``elastic: {min, max}`` (``--elastic MIN:MAX``): the coordination service runs in a process
+  of its own (``python -m coordination_service``, :mod:`cluster.ctl._service`), so the chief
+  may die too; every chief and worker gets ``CLUSTER_ELASTIC=MIN:MAX``; one that dies (a signal, or a failure ``restart.policy``
   retries) is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, port and
   environment) up to ``restart.max_worker_restarts`` times, while the others keep running;
   when fewer than ``min`` run the run fails as any other, the root cause naming who is gone;
@@ -356,8 +357,12 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
         task = next(t for t in attempt.tasks if t.name == root.task)
         result.root_cause = (_unresponsive(attempt, outcome, root) or f"{root.task} exited "
                              f"{exitcodes.describe(root.code)}: {task.cause()}")
-        if outcome.note:  # an elastic run with too few tasks left: who is gone
+        if outcome.note and root.stopped:  # the elastic side failed it, not this task
+            result.root_cause = outcome.note
+        elif outcome.note:  # an elastic run with too few tasks left: who is gone
             result.root_cause += f"; {outcome.note}"
+    elif outcome.note:  # the coordination service of an elastic run died first
+        result.root_cause = outcome.note
     if outcome.interrupted is not None:
         result.interrupted = outcome.interrupted
         result.exit_code = 128 + outcome.interrupted

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from cluster.ctl import launcher
 from cluster.ctl.spec import parse_cluster_file
+from cluster.testing import kill_and_wait, processes_with
 from tests.ctl._cli_run import env_with, run_cli
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -88,6 +91,44 @@ def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_process
                 and e["args"]["name"] == "clusterctl"]
     assert [e["name"] for e in trace if e["pid"] == track and e["ph"] == "i"] == [
         "worker:1 restarting", "worker:1 started"]
+
+
+def test_a_killed_chief_is_restarted_alone_while_the_coordination_service_lives_on(
+        tmp_path, marker) -> None:
+    result, out, out_dir = elastic_run(tmp_path, marker, jobs="{chief: 1, worker: 2}",
+                                       elastic="{min: 2, max: 3}", victims="chief:0")
+    assert result.exit_code == 0, out
+    assert len(starts(out_dir, "chief:0")) == 2
+    assert len(starts(out_dir, "worker:0")) == len(starts(out_dir, "worker:1")) == 1
+    assert "chief:0 exited (killed by SIGKILL); restarting it alone" in out
+    log = (result.run_dir / "coordination-service.log").read_text()
+    assert "serving the coordination service of 3 task(s)" in log
+
+
+def test_a_run_whose_coordination_service_dies_fails_naming_it(tmp_path, marker) -> None:
+    out_dir = tmp_path / "out"
+
+    def kill_the_service() -> None:  # once every task has started
+        deadline = time.monotonic() + 60
+        while len(list(out_dir.glob("pids-*"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tasks = set(processes_with(marker, '"task":'))
+        (service,) = set(processes_with(marker, "CLUSTER_COORDINATION_SERVICE=")) - tasks
+        assert kill_and_wait(service, 5)
+
+    killer = threading.Thread(target=kill_the_service)
+    killer.start()
+    try:
+        result, out, _ = elastic_run(tmp_path, marker, jobs="{chief: 1, worker: 2}",
+                                     elastic="{min: 2, max: 3}", victims="nobody")
+    finally:
+        killer.join(60)
+    assert result.exit_code == launcher.EXIT_RUN_FAILED, out
+    note = ("the coordination service exited 137 (SIGKILL) (killed by SIGKILL; "
+            "coordination-service.log)")
+    assert f"{note}: the tasks cannot coordinate without it" in out
+    assert result.root_cause == note
+    assert all(t.stopped for t in result.tasks)
 
 
 def test_kills_that_leave_fewer_than_min_fail_the_run_naming_who_is_gone(tmp_path,
