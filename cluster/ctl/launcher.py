@@ -23,9 +23,10 @@ and supervises the attempt (:mod:`cluster.ctl._attempt`; one task's process is
   dies is not restarted (the chief's coordinator fails, naming it);
 - ``elastic: {min, max}`` (``--elastic MIN:MAX``): the coordination service runs in a process
   of its own (``python -m coordination_service``, :mod:`cluster.ctl._service`), so the chief
-  may die too; every chief and worker gets ``CLUSTER_ELASTIC=MIN:MAX``; one that dies (a signal, or a failure ``restart.policy``
-  retries) is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, port and
-  environment) up to ``restart.max_worker_restarts`` times, while the others keep running;
+  may die too; every chief and worker gets ``CLUSTER_ELASTIC=MIN:MAX``; one that dies (a
+  signal, or a failure ``restart.policy`` retries) is restarted alone after
+  :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, port and environment) up to
+  ``restart.max_worker_restarts`` times, while the others keep running;
   when fewer than ``min`` run the run fails as any other, the root cause naming who is gone;
   each restart and loss is one console line and one event in ``RUN_DIR/membership.jsonl``
   (``clusterctl status`` lists them);

@@ -129,6 +129,16 @@ def test_the_one_line_launch_becomes_elastic(tmp_path) -> None:
     assert spec.tasks() == [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
 
 
+def test_the_variable_is_the_one_the_tasks_read() -> None:
+    from cluster import settings
+
+    assert ENV_ELASTIC == settings.ENV_ELASTIC
+    assert settings.parse_elastic(str(Elastic(2, 4))) == (2, 4)
+    env = {ENV_ELASTIC: str(Elastic(1, 3)), "CLUSTER_COORDINATION_SERVICE": "127.0.0.1:2300"}
+    task = settings.TaskSettings.from_env(env)
+    assert (task.elastic, task.coordination_service) == ((1, 3), "127.0.0.1:2300")
+
+
 def test_the_bounds_are_an_invariant_of_the_dataclasses() -> None:
     for low, high in ((0, 2), (3, 2)):
         with pytest.raises(ValueError):
