@@ -290,7 +290,8 @@ def _cmd_validate(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     if spec is None:
         return EXIT_USAGE
     tasks = ", ".join(f"{job}:{i}" for job, i in spec.tasks())
-    print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}")
+    elastic = f"; elastic {spec.elastic}" if spec.elastic is not None else ""
+    print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}{elastic}")
     return 0
 
 

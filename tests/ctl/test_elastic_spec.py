@@ -29,6 +29,12 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_validate_says_the_run_is_elastic(tmp_path, capsys) -> None:
+    path = write(tmp_path, BASE + "elastic: {min: 2, max: 4}\n")
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("; mode collective; elastic 2:4")
+
+
 def test_the_file_key_gives_the_bounds(tmp_path) -> None:
     path = write(tmp_path, BASE + "elastic: {min: 2, max: 4}\nrestart: {max_worker_restarts: 5}\n")
     spec = parse_cluster_file(path.read_text(), path)
