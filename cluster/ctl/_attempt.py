@@ -421,6 +421,8 @@ class Attempt:
         env = self._env(service.process)
         env["TF_CONFIG"] = cluster_only(self.addresses)
         env[ENV_ELASTIC] = str(self.spec.elastic)
+        if self._tls is not None:  # the first task's certificate: it names this host too
+            env.update(self._tls.env(*self.spec.tasks()[0]))
         service.start([sys.executable, *SERVICE_ARGV], env, self.spec.workdir,
                       f"=== attempt {self._number}: the coordination service on "
                       f"{service.address} ===", self.sel)

@@ -95,8 +95,10 @@ def test_a_killed_worker_is_restarted_alone_and_the_survivors_keep_their_process
 
 def test_a_killed_chief_is_restarted_alone_while_the_coordination_service_lives_on(
         tmp_path, marker) -> None:
+    # Under mutual TLS: the service serves with a certificate of this host, as the tasks do.
     result, out, out_dir = elastic_run(tmp_path, marker, jobs="{chief: 1, worker: 2}",
-                                       elastic="{min: 2, max: 3}", victims="chief:0")
+                                       elastic="{min: 2, max: 3}", victims="chief:0",
+                                       extra="tls: auto\n")
     assert result.exit_code == 0, out
     assert len(starts(out_dir, "chief:0")) == 2
     assert len(starts(out_dir, "worker:0")) == len(starts(out_dir, "worker:1")) == 1
