@@ -104,22 +104,23 @@ class ServiceProcess:
         """SIGTERM, then SIGKILL when it has not exited ``grace`` seconds later; its output
         read to the end and the process reaped. The selector must no longer watch it."""
         process = self.process
-        if process.proc is None or process.pidfd < 0 and process.out_fd < 0:
+        if process.proc is None or (process.pidfd < 0 and process.out_fd < 0):
             return  # never started, or stopped already
         if process.running:
-            process.stopped = True
-            process.signal_group(signal.SIGTERM)
-            deadline = Deadline.after(grace)
-            while process.out_fd >= 0 and not deadline.expired:
-                ready, _, _ = select.select([process.out_fd, process.pidfd], [], [],
-                                            deadline.remaining())
-                if process.out_fd in ready:
-                    self.drain_output()
-                elif process.pidfd in ready:
-                    break
-            if process.pidfd >= 0 and not select.select([process.pidfd], [], [], 0)[0]:
-                process.signal_group(signal.SIGKILL)
-            process.reap()
+            if not select.select([process.pidfd], [], [], 0)[0]:  # still alive: stop it
+                process.stopped = True
+                process.signal_group(signal.SIGTERM)
+                deadline = Deadline.after(grace)
+                while not deadline.expired:
+                    watched = [process.pidfd] + ([process.out_fd] if process.out_fd >= 0 else [])
+                    ready, _, _ = select.select(watched, [], [], deadline.remaining())
+                    if process.pidfd in ready:
+                        break
+                    if process.out_fd in ready:
+                        self.drain_output()
+                if not select.select([process.pidfd], [], [], 0)[0]:
+                    process.signal_group(signal.SIGKILL)
+            process.reap()  # waits (bounded) for a SIGKILLed process
         if process.out_fd >= 0:
             process.drain()  # the rest of its output, into its log
             process.close_output()
