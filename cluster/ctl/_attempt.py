@@ -13,7 +13,11 @@ the signal wake-up fd, against deadlines; no sleeps, no polling) until every tas
   when a task that only followed it is the first to exit;
 - a task that exits on its own while the run goes on is handled alone as
   :func:`cluster.ctl.policy.on_task_exit` says (``mode: coordinator``: a worker is started
-  again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times);
+  again after ``restart_delay`` with the same ``TF_CONFIG``, a bounded number of times; an
+  elastic run, :func:`cluster.ctl.policy.on_elastic_exit`: a chief or worker likewise, while
+  at least ``elastic.min`` of them run, each event in ``RUN_DIR/membership.jsonl``; the
+  coordination service runs in a process of its own, :mod:`cluster.ctl._service`, started
+  first and stopped last);
 - then :func:`cluster.ctl.policy.assess` says whether the run is over: on failure every task is
   stopped (SIGTERM to each process group, SIGKILL after ``timeouts.grace``); on success the
   servers are stopped and the trainers get the grace to finish;
@@ -40,7 +44,10 @@ from pathlib import Path
 from cluster import exitcodes, lifecycle
 from cluster._stacks import DUMP_SIGNAL
 from cluster.ctl import _telemetry, policy
+from cluster.ctl._elastic import ENV_ELASTIC
+from cluster.ctl._elastic_run import ElasticRun
 from cluster.ctl._output import Console, is_native_log_line
+from cluster.ctl._service import SERVICE_ARGV, cluster_only
 from cluster.ctl._task_process import TaskProcess
 from cluster.ctl.certs import RunTls
 from cluster.ctl.spec import ClusterFile
@@ -67,12 +74,20 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]  # holds the worker/ and ps/ pa
 @dataclass
 class Outcome:
     """How an attempt ended: its phase, every task exit in order, the signal that interrupted
-    it (if any), and whether it ran past ``timeouts.run``."""
+    it (if any), and whether it ran past ``timeouts.run``. ``handled``: the ``order`` of each
+    exit acted on alone (the task was restarted or given up on: no cause of the run's end);
+    ``note``: why an elastic run failed (too few tasks left, and which are gone)."""
 
     phase: policy.Phase
     exits: list[policy.TaskExit]
     interrupted: int | None = None
     timed_out: bool = False
+    handled: frozenset[int] = frozenset()
+    note: str = ""
+
+    def decisive(self) -> list[policy.TaskExit]:
+        """The exits that decided the run: all but those :attr:`handled`."""
+        return [e for e in self.exits if e.order not in self.handled]
 
 
 _TRACEBACK = "Traceback (most recent call last):"  # how Python starts a printed traceback
@@ -143,6 +158,8 @@ class Attempt:
         self._number = number
         self._restart_delay = restart_delay
         self._tls = tls
+        self.elastic = (ElasticRun(spec, console, run_dir, addresses, timestamps=timestamps)
+                        if spec.elastic is not None else None)
         self.sel = selectors.DefaultSelector()
 
     def _env(self, task: TaskProcess) -> dict[str, str]:
@@ -162,6 +179,8 @@ class Attempt:
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })
+        if self.elastic is not None:  # the service's address; chief and workers: MIN:MAX
+            env.update(self.elastic.task_env(task.job))
         if self._tls is not None:  # tls: in the cluster file: CLUSTER_TLS_CERT/_KEY/_CA
             env.update(self._tls.env(task.job, task.index))
         env.update(_telemetry.task_env(self.spec, task.log_path.parent, task.name, env))
@@ -271,7 +290,8 @@ class Attempt:
             return
         self._announced = True
         records = self._records()
-        root = policy.root_cause(self.exits, self.spec.mode) if self.exits else None
+        decisive = [e for e in self.exits if e.order not in self._handled()]
+        root = policy.root_cause(decisive, self.spec.mode) if decisive else None
         start = root.task if root is not None else next(
             (n for n, r in records.items() if policy.is_secondary(n, r.exit_code, r.root_task)),
             None)
@@ -299,6 +319,8 @@ class Attempt:
         self.console.info(f"starting {task.name} again (restart {task.restarts} of "
                           f"{self.spec.restart.max_worker_restarts})")
         self._start(task)
+        if self.elastic is not None:
+            self.elastic.record("started", task, self.tasks)
 
     def _close_output(self, task: TaskProcess) -> None:
         if task.out_fd < 0:
@@ -363,6 +385,9 @@ class Attempt:
         self._assess()
 
     def _act_alone(self, task: TaskProcess) -> None:
+        if self.elastic is not None:
+            self._act_elastic(task)
+            return
         limit = self.spec.restart.max_worker_restarts
         action = policy.on_task_exit(task.name, task.code, mode=self.spec.mode,
                                      restarts_done=task.restarts, max_restarts=limit)
@@ -386,11 +411,59 @@ class Attempt:
             self.console.info(f"{what}; parameter servers are not restarted (their variables "
                               "are lost): the chief's exit decides the run", error=True)
 
+    # -- elastic runs ------------------------------------------------------------------------
+
+    def _start_service(self) -> None:
+        """Start the coordination service's process (elastic runs), before any task."""
+        if self.elastic is None:
+            return
+        service = self.elastic.service
+        env = self._env(service.process)
+        env["TF_CONFIG"] = cluster_only(self.addresses)
+        env[ENV_ELASTIC] = str(self.spec.elastic)
+        if self._tls is not None:  # the first task's certificate: it names this host too
+            env.update(self._tls.env(*self.spec.tasks()[0]))
+        service.start([sys.executable, *SERVICE_ARGV], env, self.spec.workdir,
+                      f"=== attempt {self._number}: the coordination service on "
+                      f"{service.address} ===", self.sel)
+
+    def _on_service(self, kind: str) -> None:
+        """The service wrote (its log) or exited: while the run goes on, that fails it."""
+        service = self.elastic.service
+        if not service.on_event(kind, self.sel) or self.phase is not policy.Phase.RUNNING:
+            return
+        process = service.process
+        self.elastic.note = (f"the coordination service exited "
+                             f"{exitcodes.describe(process.code)} ({process.cause()}; "
+                             f"{process.log_path.name})")
+        self.console.info(f"{self.elastic.note}: the tasks cannot coordinate without it",
+                          error=True)
+        self._fail_alone("the coordination service is gone")
+
+    def _act_elastic(self, task: TaskProcess) -> None:
+        """A chief or worker of an elastic run exited on its own (:class:`ElasticRun`)."""
+        action = self.elastic.on_exit(task, self.exits[-1].order, self.tasks,
+                                      self._restart_delay)
+        if action is policy.TaskAction.BELOW_MIN:
+            bounds = self.spec.elastic
+            self._fail_alone(f"elastic {bounds}: fewer than {bounds.min} running")
+
+    def _fail_alone(self, why: str) -> None:
+        """Fail the attempt for a reason of the elastic side, already said on the console."""
+        self._announced = True
+        self.phase = policy.Phase.FAILED
+        for task in self.tasks:
+            task.restart_at = None
+        self._stop_all(why)
+
     def _assess(self) -> None:
         if self.phase is not policy.Phase.RUNNING:
             return
-        codes = {e.task: e.code for e in self.exits}
-        self.phase = policy.assess(codes, [t.name for t in self.tasks], self.spec.mode)
+        handled = self._handled()
+        given_up = self.elastic.given_up if self.elastic is not None else set()
+        codes = {e.task: e.code for e in self.exits if e.order not in handled}
+        tasks = [t.name for t in self.tasks if t.name not in given_up]
+        self.phase = policy.assess(codes, tasks, self.spec.mode)
         if self.phase is not policy.Phase.RUNNING:
             for task in self.tasks:
                 task.restart_at = None
@@ -452,6 +525,7 @@ class Attempt:
             # exec, never the task's own start-up.
             began = time.monotonic()
             try:
+                self._start_service()
                 self._start_all()
                 self._on_signal()
             except BaseException:
@@ -482,14 +556,24 @@ class Attempt:
                     elif kind == "exit":
                         self._reap(task)
                         self._on_exit(task)
+                    elif kind.startswith("service"):
+                        self._on_service(kind)
                     else:
                         self._on_signal()
                 self.console.tick()
                 self._check_deadlines(run_deadline)
         finally:
             self._kill_all()
+            if self.elastic is not None:
+                self.elastic.service.shutdown(self.sel, self.spec.timeouts.grace)
             for task in self.tasks:
                 self._close_output(task)
                 task.close()
             self.sel.close()
-        return Outcome(self.phase, self.exits, self.interrupted, self.timed_out)
+        return Outcome(self.phase, self.exits, self.interrupted, self.timed_out,
+                       frozenset(self._handled()),
+                       self.elastic.note if self.elastic is not None else "")
+
+    def _handled(self) -> set[int]:
+        """The order of each exit acted on alone (elastic runs), no cause of the end."""
+        return self.elastic.handled if self.elastic is not None else set()

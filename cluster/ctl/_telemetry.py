@@ -5,7 +5,9 @@ Per run directory::
     RUN_DIR/steps/worker-1.jsonl      each task's step records (always; cluster.timeline)
     RUN_DIR/timeline/worker-1.json    each task's Chrome trace (when a timeline is asked for)
     RUN_DIR/timeline.json             the merged trace, one process track per task (at the end;
-                                      or the file CLUSTER_TIMELINE names)
+                                      or the file CLUSTER_TIMELINE names), and a ``clusterctl``
+                                      track with an elastic run's membership events
+    RUN_DIR/timeline/clusterctl.json  those events as a trace (written when merging)
 
 A timeline is asked for by ``timeline: true`` in the cluster file or ``CLUSTER_TIMELINE=FILE`` in
 clusterctl's environment (or the file's ``env``). The run directory of the newest launch is
@@ -15,10 +17,12 @@ default of ``clusterctl status``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from cluster.ctl import _membership
 from cluster.ctl.spec import ClusterFile
 from cluster.settings import ENV_STEPS, ENV_TIMELINE
 
@@ -86,8 +90,15 @@ def finish(spec: ClusterFile, run_dir: Path, info: Callable[[str], None]) -> Pat
     if merged is None:
         return None
     tasks = [f"{job}:{i}" for job, i in spec.tasks()]
+    sources = [(t, trace_path(run_dir, t)) for t in tasks]
     try:
-        count = merge_traces([(t, trace_path(run_dir, t)) for t in tasks], merged)
+        events = _membership.trace_events(_membership.load(run_dir))
+        if events:  # restarts and losses of an elastic run, on clusterctl's own track
+            own = trace_path(run_dir, "clusterctl")
+            own.parent.mkdir(parents=True, exist_ok=True)
+            own.write_text(json.dumps(events) + "\n")
+            sources.append(("clusterctl", own))
+        count = merge_traces(sources, merged)
     except OSError as e:
         info(f"timeline: cannot write {merged}: {e}")
         return None

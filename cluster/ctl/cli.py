@@ -50,7 +50,8 @@ def _add_launch(sub: Any) -> None:
     cmd = sub.add_parser(
         "launch", help="start every task of a cluster file (or N copies of a script) here",
         usage="clusterctl launch [options] FILE [-- ARGS...]\n"
-              "       clusterctl launch [options] -n N [--ps K] SCRIPT [-- ARGS...]",
+              "       clusterctl launch [options] -n N [--ps K | --elastic MIN:MAX] SCRIPT "
+              "[-- ARGS...]",
         description="Start every task of FILE on this host, stream their output, stop them all "
                     "when one fails; exit 0 only when the run succeeded. With -n N, run SCRIPT "
                     "as 1 chief and N-1 workers without a cluster file (torchrun's shape). "
@@ -61,6 +62,10 @@ def _add_launch(sub: Any) -> None:
     cmd.add_argument("--ps", type=int, default=0, metavar="K",
                      help="with -n: add K parameter servers (mode: coordinator: only the chief "
                           "runs SCRIPT, the workers serve it)")
+    cmd.add_argument("--elastic", metavar="MIN:MAX",
+                     help="an elastic run: a chief or worker that dies is started again alone "
+                          "while the others go on; the run fails when fewer than MIN run "
+                          "(overrides the file's `elastic:`)")
     cmd.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                      help="colour task prefixes (default: auto, on a terminal)")
     cmd.add_argument("--timestamps", action="store_true",
@@ -102,6 +107,9 @@ def _add_render(sub: Any) -> None:
     cmd.add_argument("--nodes", type=int, metavar="N", help="slurm: #SBATCH --nodes")
     cmd.add_argument("--partition", metavar="P", help="slurm: #SBATCH --partition")
     cmd.add_argument("--time", metavar="T", help="slurm: #SBATCH --time, e.g. 1:00:00")
+    cmd.add_argument("--elastic", metavar="MIN:MAX",
+                     help="render an elastic run (overrides the file's `elastic:`), as "
+                          "`clusterctl launch --elastic` runs it")
     cmd.set_defaults(handler=_cmd_render)
 
 
@@ -207,7 +215,25 @@ def launch(spec: ClusterFile, **kwargs: Any) -> Any:
 
 def _launch_spec(args: argparse.Namespace, extra: tuple[str, ...]) -> ClusterFile | None:
     """The cluster of ``launch``: a file (``extra`` appended to its args) or, with ``-n``, a
-    script's one-line cluster; None after printing why there is none."""
+    script's one-line cluster, made elastic by ``--elastic``; None after printing why there is
+    none."""
+    spec = _launch_cluster(args, extra)
+    if spec is None or args.elastic is None:
+        return spec
+    from cluster.ctl._elastic import with_elastic
+    from cluster.errors import ClusterFileError
+
+    label = args.file if args.nproc is None else (
+        f"clusterctl launch -n {args.nproc}{f' --ps {args.ps}' if args.ps else ''} "
+        f"--elastic {args.elastic} {args.file}")
+    try:
+        return with_elastic(spec, args.elastic, label)
+    except ClusterFileError as e:
+        _problems(f"launch {args.file}", e)
+        return None
+
+
+def _launch_cluster(args: argparse.Namespace, extra: tuple[str, ...]) -> ClusterFile | None:
     from cluster.ctl import oneline
     from cluster.errors import ClusterFileError
 
@@ -264,7 +290,8 @@ def _cmd_validate(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     if spec is None:
         return EXIT_USAGE
     tasks = ", ".join(f"{job}:{i}" for job, i in spec.tasks())
-    print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}")
+    elastic = f"; elastic {spec.elastic}" if spec.elastic is not None else ""
+    print(f"{args.file}: OK: run {spec.name!r}, tasks {tasks}; mode {spec.mode}{elastic}")
     return 0
 
 
@@ -272,6 +299,15 @@ def _cmd_render(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     spec = _load(args.file)
     if spec is None:
         return EXIT_USAGE
+    if args.elastic is not None:
+        from cluster.ctl._elastic import with_elastic
+        from cluster.errors import ClusterFileError
+
+        try:
+            spec = with_elastic(spec, args.elastic, args.file)
+        except ClusterFileError as e:
+            _problems(f"render {args.file}", e)
+            return EXIT_USAGE
     from cluster.ctl import render
 
     options = render.RenderOptions(task=args.task, image=args.image, namespace=args.namespace,

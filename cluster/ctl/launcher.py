@@ -21,6 +21,15 @@ and supervises the attempt (:mod:`cluster.ctl._attempt`; one task's process is
   that dies is restarted alone after :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, same
   port) up to ``restart.max_worker_restarts`` times, then left down; a parameter server that
   dies is not restarted (the chief's coordinator fails, naming it);
+- ``elastic: {min, max}`` (``--elastic MIN:MAX``): the coordination service runs in a process
+  of its own (``python -m coordination_service``, :mod:`cluster.ctl._service`), so the chief
+  may die too; every chief and worker gets ``CLUSTER_ELASTIC=MIN:MAX``; one that dies (a
+  signal, or a failure ``restart.policy`` retries) is restarted alone after
+  :data:`TASK_RESTART_DELAY` (same ``TF_CONFIG``, port and environment) up to
+  ``restart.max_worker_restarts`` times, while the others keep running;
+  when fewer than ``min`` run the run fails as any other, the root cause naming who is gone;
+  each restart and loss is one console line and one event in ``RUN_DIR/membership.jsonl``
+  (``clusterctl status`` lists them);
 - Ctrl-C / SIGTERM to clusterctl (``handle_signals=True``): everything is stopped, no orphans,
   and the run is reported as interrupted; tasks also stop by themselves if clusterctl dies
   (``CLUSTER_LAUNCHER_PID``);
@@ -58,7 +67,7 @@ __all__ = ["EXIT_RUN_FAILED", "EXIT_RUN_TIMEOUT", "TASK_RESTART_DELAY", "LaunchE
 EXIT_RUN_FAILED = 1
 EXIT_RUN_TIMEOUT = 124
 PORT_RETRIES = 3
-TASK_RESTART_DELAY = 1.0  # seconds before a dead worker is started again (coordinator mode)
+TASK_RESTART_DELAY = 1.0  # seconds before a dead worker is started again (coordinator, elastic)
 _FDS_PER_TASK = 3  # the launcher's output pipe, pidfd and log file of each task
 _LISTED_ADDRESSES = 16  # beyond this many tasks the start line abridges the addresses
 
@@ -260,7 +269,7 @@ def launch(spec: ClusterFile, *, out: TextIO | None = None, color: str = "auto",
                     outcome = attempt.run()
                 except TaskStartError as e:
                     raise LaunchError(str(e)) from e.__cause__
-                root = policy.root_cause(outcome.exits, spec.mode)
+                root = policy.root_cause(outcome.decisive(), spec.mode)
                 result = _result(spec, attempt, outcome, root, run_dir, attempts,
                                  time.monotonic() - started)
                 if (outcome.interrupted is not None or outcome.timed_out
@@ -349,6 +358,12 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
         task = next(t for t in attempt.tasks if t.name == root.task)
         result.root_cause = (_unresponsive(attempt, outcome, root) or f"{root.task} exited "
                              f"{exitcodes.describe(root.code)}: {task.cause()}")
+        if outcome.note and root.stopped:  # the elastic side failed it, not this task
+            result.root_cause = outcome.note
+        elif outcome.note:  # an elastic run with too few tasks left: who is gone
+            result.root_cause += f"; {outcome.note}"
+    elif outcome.note:  # the coordination service of an elastic run died first
+        result.root_cause = outcome.note
     if outcome.interrupted is not None:
         result.interrupted = outcome.interrupted
         result.exit_code = 128 + outcome.interrupted

@@ -10,6 +10,10 @@ any failure fails the run) and ``coordinator`` (parameter-server training: only 
 entrypoint and its exit is the run's outcome; workers serve the chief's ClusterCoordinator and one
 that dies is restarted alone, a bounded number of times; a parameter server that dies is not
 restarted, and is the root cause when the chief then fails).
+
+An elastic ``collective`` run (``elastic: {min, max}``) acts on single tasks too
+(:func:`on_elastic_exit`): a chief or worker that dies is restarted alone while at least ``min``
+of them still run.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "decide",
     "failed_exit_code",
     "is_secondary",
+    "on_elastic_exit",
     "on_task_exit",
     "root_cause",
     "unresponsive",
@@ -63,6 +68,7 @@ class TaskAction(enum.Enum):
     RESTART = "restart"  # start this task again, alone (same TF_CONFIG, same port)
     GIVE_UP = "give-up"  # its restarts are used up: leave it dead, the run goes on without it
     LOST = "lost"  # a parameter server: not restarted (its variables are gone); the chief decides
+    BELOW_MIN = "below-min"  # elastic: fewer than min chief/worker tasks run: the run fails
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,30 @@ def on_task_exit(task: str, code: int, *, mode: str, restarts_done: int,
         return TaskAction.LOST
     if job != "worker" or code == 0:
         return TaskAction.NONE
+    return TaskAction.RESTART if restarts_done < max_restarts else TaskAction.GIVE_UP
+
+
+def on_elastic_exit(task: str, code: int, *, restarts_done: int, max_restarts: int,
+                    policy: str, running: int, minimum: int) -> TaskAction:
+    """What to do with ``task``, which exited with ``code`` on its own while an elastic run
+    goes on with ``running`` chief and worker tasks (not counting ``task``) and needs at
+    least ``minimum``.
+
+    Only chief and worker failures that ``policy`` retries act on the task alone (``exit-code``:
+    128 and above, i.e. killed by a signal or retryable; ``on-failure``: any non-zero code;
+    ``never``: none): :attr:`TaskAction.BELOW_MIN` when ``running < minimum`` (the run fails),
+    else :attr:`TaskAction.RESTART` while ``restarts_done`` (this task's own restarts) is
+    below ``max_restarts``, then :attr:`TaskAction.GIVE_UP` (the run goes on without it).
+    Everything else (an exit 0, a permanent failure, another job) is :attr:`TaskAction.NONE`:
+    :func:`assess` decides, as without elastic.
+    """
+    if code == 0 or _job(task) not in ("chief", "worker"):
+        return TaskAction.NONE
+    retried = policy == "on-failure" or (policy == "exit-code" and exitcodes.is_retryable(code))
+    if not retried:
+        return TaskAction.NONE
+    if running < minimum:
+        return TaskAction.BELOW_MIN
     return TaskAction.RESTART if restarts_done < max_restarts else TaskAction.GIVE_UP
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from cluster._address import check_address
 from cluster._placement import JOB_NAMES
 from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
+from cluster.ctl._elastic import ENV_ELASTIC, Elastic, elastic_problems, parse_elastic
 from cluster.ctl._network import check_ports, parse_host, parse_port_base
 from cluster.ctl._resources import parse_resources
 from cluster.ctl._tls_spec import TlsSpec, parse_tls
@@ -29,6 +30,7 @@ from cluster.errors import ClusterFileError
 __all__ = [
     "MODES",
     "ClusterFile",
+    "Elastic",
     "JobSpec",
     "Limits",
     "HEARTBEAT_RANGE",
@@ -49,7 +51,7 @@ MAX_FILE_BYTES = 1 << 20  # a cluster file larger than this is refused unread
 # longer than any checkpoint interval (a hard limit on a run is timeouts.run).
 HEARTBEAT_RANGE = (1.0, 3600.0)
 RESERVED_ENV = ("TF_CONFIG", "CLUSTER_TOKEN", "CLUSTER_ERROR_FILE", "CLUSTER_LAUNCHER_PID",
-                "CLUSTER_RESTART_COUNT")
+                "CLUSTER_RESTART_COUNT", ENV_ELASTIC)
 RESTART_POLICIES = ("exit-code", "on-failure", "never")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -80,8 +82,9 @@ class Timeouts:
 class RestartPolicy:
     """``max_restarts`` whole-cluster restarts; ``policy`` says which failures restart:
     ``exit-code`` (Kubeflow: root cause exit code >= 128), ``on-failure`` (any), ``never``.
-    ``max_worker_restarts`` (``mode: coordinator`` only): how many times each worker that dies
-    is restarted alone, per attempt, before the run goes on without it."""
+    ``max_worker_restarts`` (``mode: coordinator`` and elastic runs only): how many times each
+    worker (elastic: chief or worker) that dies is restarted alone, per attempt, before the run
+    goes on without it."""
 
     max_restarts: int = 0
     policy: str = "exit-code"
@@ -127,7 +130,8 @@ class ClusterFile:
     (jobs with no task omitted). ``mode``: ``collective`` (chief, workers and evaluators run the
     entrypoint) or ``coordinator`` (only the chief and evaluators do; workers serve the chief's
     ClusterCoordinator; needs a chief and a worker). ``resources``: per job, Kubernetes
-    quantities (``{"worker": {"cpu": "2"}}``) for ``clusterctl render``; launch ignores them."""
+    quantities (``{"worker": {"cpu": "2"}}``) for ``clusterctl render``; launch ignores them.
+    ``elastic``: the bounds of an elastic run (:mod:`cluster.ctl._elastic`), ``None`` if not."""
 
     path: Path
     name: str
@@ -147,6 +151,7 @@ class ClusterFile:
     resources: dict[str, dict[str, str]] = field(default_factory=dict)  # Kubernetes only
     tls: TlsSpec | None = None  # mutual TLS: cluster/ctl/_tls_spec.py
     timeline: bool = False  # write RUN_DIR/timeline.json (cluster.ctl._telemetry)
+    elastic: Elastic | None = None
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.module is None):
@@ -158,6 +163,10 @@ class ClusterFile:
         total = sum(job.count for job in self.jobs)
         if total > self.limits.max_tasks:
             raise ValueError(f"{total} tasks exceed limits.max_tasks = {self.limits.max_tasks}")
+        if self.elastic is not None:
+            broken = elastic_problems(self.elastic.min, self.elastic.max, self.jobs, self.mode)
+            if broken:
+                raise ValueError(f"elastic {self.elastic}: {broken[0][0]}")
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every task as ``(job, index)``, in cluster order."""
@@ -192,7 +201,7 @@ class ClusterFile:
 
 _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "cluster", "host",
              "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "tls",
-             "timeline")
+             "timeline", "elastic")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
 _TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
@@ -287,6 +296,7 @@ class _Where:
     root_line: int
     mode: str = COLLECTIVE
     mode_ok: bool = True  # False when ``mode:`` itself was invalid
+    elastic: bool = False  # the file has an ``elastic:`` key
 
 
 def _name(c: Checker, top: dict[str, Located], where: _Where) -> str:
@@ -405,11 +415,12 @@ def _restart(c: Checker, node: Located, where: _Where) -> RestartPolicy | None:
     if "max_worker_restarts" in restart:
         item = restart["max_worker_restarts"]
         n = c.number(item, "restart.max_worker_restarts", minimum=0, strict=False, integer=True)
-        if n is not None and where.mode_ok and where.mode != COORDINATOR:
+        if n is not None and where.mode_ok and where.mode != COORDINATOR and not where.elastic:
             c.add(item.line, "restart.max_worker_restarts", "only applies to "
-                  f"`mode: {COORDINATOR}` (this file's mode is {where.mode})",
-                  f"add `mode: {COORDINATOR}` or remove this key; in {COLLECTIVE} mode "
-                  "a failure restarts the whole cluster (restart.max_restarts)")
+                  f"`mode: {COORDINATOR}` or an elastic run (this file's mode is {where.mode})",
+                  f"add `mode: {COORDINATOR}` or remove this key (or add `elastic:`); in "
+                  f"{COLLECTIVE} mode a failure restarts the whole cluster "
+                  "(restart.max_restarts)")
         elif n is not None:
             kwargs["max_worker_restarts"] = int(n)
     return RestartPolicy(**kwargs)
@@ -503,7 +514,7 @@ def parse_cluster_file(text: str, path: Path, *, tls_files: bool = True) -> Clus
     """
     c = Checker(str(path))
     root, top = _top_level(str(path), text, c)
-    where = _Where(base=path.resolve().parent, root_line=root.line)
+    where = _Where(base=path.resolve().parent, root_line=root.line, elastic="elastic" in top)
     values: dict[str, Any] = {"name": _name(c, top, where)}
     if "mode" in top:
         mode = _mode(c, top["mode"])
@@ -539,6 +550,9 @@ def parse_cluster_file(text: str, path: Path, *, tls_files: bool = True) -> Clus
             c.add(top["timeline"].line, "timeline",
                   f"expected true or false, got {kind_of(top['timeline'].value)}",
                   "timeline: true writes RUN_DIR/timeline.json")
+    if "elastic" in top:
+        values["elastic"] = parse_elastic(c, top["elastic"], values["jobs"] or None,
+                                          where.mode if where.mode_ok else None)
     if values["jobs"] and values.get("limits", Limits()) is not None:
         _check_counts(c, top, values["jobs"], values.get("limits", Limits()))
     if values["jobs"] and values.get("host", "") is not None:

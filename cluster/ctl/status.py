@@ -7,7 +7,9 @@ Where the figures come from (nothing is asked of the tasks; the run directory is
 - state: finished runs from the summary; running ones from the step records' header (the task's
   pid: alive or not) and the task's error file (it failed);
 - last step, steps/s, samples/s, share of time in collectives: the tasks' step records
-  (``RUN_DIR/steps/*.jsonl``, :mod:`cluster.timeline`), over the last :data:`WINDOW` steps.
+  (``RUN_DIR/steps/*.jsonl``, :mod:`cluster.timeline`), over the last :data:`WINDOW` steps;
+- membership (elastic runs): each task clusterctl restarted alone, gave up on or lost, from
+  ``RUN_DIR/membership.jsonl`` (:mod:`cluster.ctl._membership`), listed under the table.
 
 ``RUN_DIR`` defaults to the newest run under ``./runs`` (where ``clusterctl launch`` puts the
 runs of a cluster file or script in the current directory), as ``git status`` shows the
@@ -21,11 +23,12 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from cluster import exitcodes
+from cluster.ctl import _membership
 from cluster.ctl._telemetry import latest_run_pointer, steps_path
 from cluster.timeline import load_steps
 
@@ -54,11 +57,14 @@ class TaskStatus:
 
 @dataclass
 class RunStatus:
+    """A run: its tasks, and the membership events of an elastic run (oldest first)."""
+
     run_dir: Path
     name: str
     state: str
     elapsed: float | None
     tasks: list[TaskStatus]
+    membership: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _order(task: str) -> tuple[int, int]:
@@ -129,14 +135,28 @@ def collect(run_dir: Path, now: float | None = None) -> RunStatus:
             elif header:
                 task.state = "running" if _alive(header.get("pid")) else "exited"
     ordered = sorted(tasks.values(), key=lambda t: _order(t.task))
+    events = _membership.load(run_dir)
     if summary is not None:
         code = summary.get("exit_code")
         state = "succeeded" if code == 0 else f"failed (exit {code})"
         if summary.get("interrupted") is not None:
             state = "interrupted"
         return RunStatus(run_dir, summary.get("name", run_dir.name), state,
-                         summary.get("elapsed"), ordered)
-    return RunStatus(run_dir, run_dir.name, "running", None, ordered)
+                         summary.get("elapsed"), ordered, events)
+    return RunStatus(run_dir, run_dir.name, "running", None, ordered, events)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    """``13:23:31  worker:1 restarting: exit 137 (SIGKILL), killed by SIGKILL; 3 running``."""
+    when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
+    what = f"{event['task']} {event['event']}"
+    if event["event"] == "started":
+        what += f" (restart {event.get('restart')})"
+    elif isinstance(event.get("code"), int):
+        what += f": exit {exitcodes.describe(event['code'])}"
+        if event.get("cause"):
+            what += f", {event['cause']}"
+    return f"{when}  {what}; {event.get('running')} running"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -164,6 +184,10 @@ def render(status: RunStatus) -> str:
                      .rstrip())
     if not status.tasks:
         lines.append("  (no task has started yet)")
+    if status.membership:
+        bounds = status.membership[-1].get("elastic")
+        lines.append(f"membership (elastic {bounds}):" if bounds else "membership:")
+        lines += [f"  {_event_line(e)}" for e in status.membership]
     return "\n".join(lines) + "\n"
 
 

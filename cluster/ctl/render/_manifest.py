@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
 from cluster.ctl.render.api import RenderError, grace_seconds
 from cluster.ctl.spec import ClusterFile
 from cluster.settings import (
@@ -151,12 +152,13 @@ def command(spec: ClusterFile, job: str) -> list[str]:
     return ["python", *argv]
 
 
-def runtime_env(spec: ClusterFile) -> list[dict[str, Any]]:
+def runtime_env(spec: ClusterFile, job: str | None = None) -> list[dict[str, Any]]:
     """The environment after ``TF_CONFIG`` (and ``CLUSTER_TASK_TYPE``), in this order: the
     token from the run's Secret (never a literal), the timeouts ``clusterctl launch`` passes
     (``timeouts.startup``, ``timeouts.heartbeat``, and the grace period as the pods get it,
-    :func:`grace_seconds`), under ``tls:`` the certificate's paths in the tls Secret's mount,
-    then the file's ``env:``."""
+    :func:`grace_seconds`), for a chief or worker ``job`` of an elastic run
+    ``CLUSTER_ELASTIC=MIN:MAX``, under ``tls:`` the certificate's paths in the tls Secret's
+    mount, then the file's ``env:``."""
     env: list[dict[str, Any]] = [
         {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": token_secret(spec), "key": TOKEN_KEY}}},
@@ -164,6 +166,8 @@ def runtime_env(spec: ClusterFile) -> list[dict[str, Any]]:
         {"name": ENV_HEARTBEAT_TIMEOUT, "value": f"{spec.timeouts.heartbeat:g}"},
         {"name": ENV_GRACE_PERIOD, "value": str(grace_seconds(spec))},
     ]
+    if spec.elastic is not None and job in ELASTIC_JOBS:
+        env.append({"name": ENV_ELASTIC, "value": str(spec.elastic)})
     if spec.tls is not None:  # the pods' shared certificate, from the tls Secret
         env += [{"name": var, "value": str(TLS_DIR / name)} for var, name in (
             (ENV_TLS_CERT, "pod.pem"), (ENV_TLS_KEY, "pod.key"), (ENV_TLS_CA, "ca.pem"))]

@@ -15,7 +15,10 @@ explains them to users):
   ``CLUSTER_TASK_TYPE`` (the job; the index is Kubernetes' ``JOB_COMPLETION_INDEX``), the token
   from the Secret ``{run}-token``, the timeouts, the file's ``env:``.
 
-Failures map the file's ``restart:`` block onto each Job (:func:`failure_policy`).
+Failures map the file's ``restart:`` block onto each Job (:func:`failure_policy`). In an
+elastic run (``elastic: {min, max}``) the chief and worker containers get
+``CLUSTER_ELASTIC=MIN:MAX``, and a failed pod of theirs is replaced alone by one of the same
+index, hence the same host name and task, while the other pods run on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cluster.ctl._elastic import ELASTIC_JOBS
 from cluster.ctl.policy import COORDINATOR
 from cluster.ctl.render import _manifest as m
 from cluster.ctl.render.api import DEFAULT_IMAGE, DEFAULT_NAMESPACE, RenderOptions
@@ -64,11 +68,17 @@ def failure_policy(spec: ClusterFile, job: str) -> dict[str, Any]:
       ``policy: exit-code`` / ``never`` (not for coordinator workers, which clusterctl restarts
       on any failure); a pod evicted or preempted (``DisruptionTarget``) is replaced without
       using a replacement up, since its code says nothing about the task.
+    - Elastic runs, chief and worker Jobs (unless ``policy: never``): each index is replaced
+      like a coordinator worker's, and up to ``chief and worker tasks - min`` indexes of the
+      Job may fail for good (``maxFailedIndexes``) while the others go on; fewer than ``min``
+      is the runtime's to notice (the survivors fail).
     """
     whole = 0 if spec.restart.policy == "never" else spec.restart.max_restarts
-    alone = spec.mode == COORDINATOR and job == "worker"
+    elastic = (spec.elastic is not None and job in ELASTIC_JOBS
+               and spec.restart.policy != "never")
+    alone = (spec.mode == COORDINATOR and job == "worker") or elastic
     rules: list[dict[str, Any]] = []
-    if not alone and spec.restart.policy != "on-failure":
+    if (not alone or elastic) and spec.restart.policy != "on-failure":
         rules.append({"action": "FailJob", "onExitCodes": {
             "containerName": "task", "operator": "In", "values": PERMANENT_EXIT_CODES}})
     rules.append({"action": "Ignore", "onPodConditions": [
@@ -76,7 +86,10 @@ def failure_policy(spec: ClusterFile, job: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if alone:
         out["backoffLimitPerIndex"] = (spec.restart.max_worker_restarts + 1) * (whole + 1) - 1
-    else:
+    if elastic:
+        members = sum(j.count for j in spec.jobs if j.name in ELASTIC_JOBS)
+        out["maxFailedIndexes"] = min(spec.count(job), members - spec.elastic.min)
+    elif not alone:
         out["backoffLimitPerIndex"] = whole
         out["maxFailedIndexes"] = 0
     out["podReplacementPolicy"] = "Failed"  # never two pods with one index (one host name)
@@ -105,7 +118,7 @@ def _container(spec: ClusterFile, job: str, image: str, namespace: str) -> dict[
     if job == "ps" or (spec.mode == COORDINATOR and job == "worker"):
         # A Job completes only when its pods exit: servers stop once the chief has finished.
         env.append({"name": ENV_STOP_WITH_COORDINATOR, "value": "1"})
-    env += m.runtime_env(spec)
+    env += m.runtime_env(spec, job)
     container: dict[str, Any] = {
         "name": "task",
         "image": image,

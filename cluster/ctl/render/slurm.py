@@ -41,8 +41,17 @@ them on one host:
 - ``tls:``: the script makes a CA and one certificate naming the allocation's nodes (known
   only then) in the run directory, and gives every task ``CLUSTER_TLS_CERT``/``_KEY``/``_CA``.
 
-Not rendered: ``restart`` (Slurm's ``--requeue`` is the tool there), ``host``, and the addresses
-of jobs given as lists (Slurm's allocation decides the hosts; only the counts are used).
+- Elastic runs (``elastic: {min, max}``): the chief and worker ranks get
+  ``CLUSTER_ELASTIC=MIN:MAX``, and their wrapper starts a task that dies again alone (same
+  rank, node and port, after 1 s), as ``restart.policy`` says (``exit-code``: 128 and above;
+  ``on-failure``: any failure; ``never``: none), up to ``restart.max_worker_restarts`` times,
+  while the step's other tasks run on; not once Slurm has signalled it (scancel, the time
+  limit). A task out of restarts ends the step (``--kill-on-bad-exit``). Whether the
+  survivors can go on without a task is the runtime's to say.
+
+Not rendered: ``restart`` outside elastic runs (Slurm's ``--requeue`` is the tool there),
+``host``, and the addresses of jobs given as lists (Slurm's allocation decides the hosts; only
+the counts are used).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
 from cluster.ctl.policy import COORDINATOR
 from cluster.ctl.render.api import RenderError, RenderOptions, grace_seconds
 from cluster.ctl.spec import ClusterFile
@@ -76,6 +86,23 @@ _TASK = ('stopped=0; trap stopped=1 TERM INT; '
          'echo "$code $(date +%s.%N) $stopped ${SLURMD_NODENAME:-?}" '
          '> "$CLUSTER_RUN_DIR/$SLURM_PROCID.exit"; ')
 _TASK_WRAPPER = _TASK + 'exit "$code"'
+# Elastic runs: the task runs again alone while RETRY holds (CLUSTER_TASK_RESTARTS times at
+# most; 0 for ranks outside the group, which do not get CLUSTER_ELASTIC either); each start
+# begins without the error record of the last.
+_ELASTIC_TASK = ('stopped=0; trap stopped=1 TERM INT; '
+                 'export CLUSTER_ERROR_FILE="$CLUSTER_RUN_DIR/$SLURM_PROCID.error.json"; '
+                 'case " $CLUSTER_ELASTIC_RANKS " in *" $SLURM_PROCID "*) ;; '
+                 '*) unset CLUSTER_ELASTIC; CLUSTER_TASK_RESTARTS=0 ;; esac; restarts=0; '
+                 'while :; do rm -f "$CLUSTER_ERROR_FILE"; "$PYTHON" "$@"; code=$?; '
+                 'if [ "$stopped" = 0 ] && [ "$restarts" -lt "$CLUSTER_TASK_RESTARTS" ] '
+                 '&& {retry}; then restarts=$((restarts + 1)); '
+                 'echo "[slurm] rank $SLURM_PROCID exited $code: restarting it alone (restart '
+                 '$restarts of $CLUSTER_TASK_RESTARTS)" >&2; sleep 1; continue; fi; break; '
+                 'done; '
+                 'echo "$code $(date +%s.%N) $stopped ${{SLURMD_NODENAME:-?}}" '
+                 '> "$CLUSTER_RUN_DIR/$SLURM_PROCID.exit"; exit "$code"')
+_RETRY = {"exit-code": '[ "$code" -ge 128 ]', "on-failure": '[ "$code" -ne 0 ]',
+          "never": "false"}
 # mode: coordinator, the chief: its success ends the step (the servers exit 0 on SIGTERM).
 _CHIEF_WRAPPER = (_TASK + 'if [ "$code" = 0 ]; then '
                   'scancel --signal=TERM "$SLURM_JOB_ID.$SLURM_STEP_ID" || true; fi; '
@@ -212,6 +239,8 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "# preemption use the cluster's KillWait / GraceTime, which this job cannot change.",
         f"export {ENV_GRACE_PERIOD}={grace}",
     ]
+    if spec.elastic is not None:
+        lines += _elastic_lines(spec, order)
     if grace > 0:
         lines.append(_KILL_WAIT_CHECK.format(grace=grace))
     if (_REPO_ROOT / "worker" / "__init__.py").exists():  # a source checkout, as clusterctl does
@@ -228,7 +257,7 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "# Each task runs under this wrapper: it runs \"$PYTHON\" ARGS, gives the runtime a "
         "per-rank",
         "# error file and records the exit code for the summary at the end.",
-        f"export CLUSTER_TASK_WRAPPER={q(_TASK_WRAPPER)}",
+        f"export CLUSTER_TASK_WRAPPER={q(_wrapper(spec))}",
     ]
     if spec.tls is not None:
         lines += _TLS_LINES
@@ -269,6 +298,26 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         f'--tasks {",".join(names)} --srun-exit "$srun_exit" "$CLUSTER_RUN_DIR"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _wrapper(spec: ClusterFile) -> str:
+    """The task wrapper: restarting a task alone in an elastic run, else running it once."""
+    if spec.elastic is None:
+        return _TASK_WRAPPER
+    return _ELASTIC_TASK.format(retry=_RETRY[spec.restart.policy])
+
+
+def _elastic_lines(spec: ClusterFile, order: list[tuple[str, int]]) -> list[str]:
+    """The exports of an elastic run: its bounds, which ranks are in the group (chief and
+    workers), how many times each may be restarted alone."""
+    ranks = " ".join(str(r) for r, (job, _) in enumerate(order) if job in ELASTIC_JOBS)
+    return [
+        "# Elastic: chief and worker ranks go on while MIN of them run; one that dies is "
+        "started",
+        "# again alone by its wrapper (restart.policy, restart.max_worker_restarts).",
+        f"export {ENV_ELASTIC}={spec.elastic} CLUSTER_ELASTIC_RANKS={shlex.quote(ranks)} "
+        f"CLUSTER_TASK_RESTARTS={spec.restart.max_worker_restarts}",
+    ]
 
 
 def _multi_prog_lines(spec: ClusterFile, order: list[tuple[str, int]]) -> list[str]:

@@ -1,5 +1,7 @@
 """``clusterctl render --format tf-config``: every task's ``TF_CONFIG``, one line per task
-(``TASK<TAB>JSON``), or only the JSON of one task (``--task TYPE:INDEX``).
+(``TASK<TAB>JSON``), or only the JSON of one task (``--task TYPE:INDEX``). In an elastic run
+each chief and worker line has a third field, the variable the task also needs:
+``TASK<TAB>JSON<TAB>CLUSTER_ELASTIC=MIN:MAX``.
 
 Jobs given as a count get consecutive ports from ``port_base`` (:data:`PORT_BASE` when the file
 sets none) on ``host``; jobs given as a list keep their addresses.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
 from cluster.ctl.render.api import RenderError, RenderOptions
 from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import assign_addresses, tf_config
@@ -29,4 +32,6 @@ def render(spec: ClusterFile, options: RenderOptions) -> str:
             raise RenderError(f"no task {options.task!r} in {spec.path}; tasks are "
                               f"{', '.join(configs)}")
         return configs[options.task] + "\n"
-    return "".join(f"{task}\t{text}\n" for task, text in configs.items())
+    extra = {f"{job}:{i}": f"\t{ENV_ELASTIC}={spec.elastic}" for job, i in spec.tasks()
+             if spec.elastic is not None and job in ELASTIC_JOBS}
+    return "".join(f"{task}\t{text}{extra.get(task, '')}\n" for task, text in configs.items())

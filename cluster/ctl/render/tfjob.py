@@ -7,7 +7,11 @@ What the TFJob controller (kubeflow/training-operator) reads, and what is render
   ``TF_CONFIG`` (cluster and task, ``{name}-{type}-{index}.{namespace}.svc:{port}``) only in
   that container, and takes the port from its port named ``tfjob-port``.
 - ``restartPolicy: ExitCode``: the controller replaces a pod that exits 128 or more and fails
-  the TFJob on 1-127 (cluster/exitcodes.py follows the same rule).
+  the TFJob on 1-127 (cluster/exitcodes.py follows the same rule). In an elastic run the chief
+  and worker replicas follow ``restart.policy``: ``ExitCode`` (``exit-code``), ``OnFailure``
+  (the container restarts in its pod on any failure), ``Never``; either way a task comes back
+  with its own pod name, hence its task, while the other pods run on, and its containers get
+  ``CLUSTER_ELASTIC=MIN:MAX``.
 - ``runPolicy``: ``cleanPodPolicy: Running`` (servers still running when the TFJob ends are
   deleted, as clusterctl stops them), ``activeDeadlineSeconds`` from ``timeouts.run``.
 - ``successPolicy: AllWorkers`` when there is no chief (clusterctl: every worker exits 0);
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster.ctl._elastic import ELASTIC_JOBS
 from cluster.ctl.render import _manifest as m
 from cluster.ctl.render.api import (
     DEFAULT_IMAGE,
@@ -28,16 +33,26 @@ from cluster.ctl.render.api import (
 )
 from cluster.ctl.spec import ClusterFile
 
-__all__ = ["CONTAINER", "PORT_NAME", "REPLICA_TYPES", "controller_address", "render"]
+__all__ = ["CONTAINER", "PORT_NAME", "REPLICA_TYPES", "controller_address", "render",
+           "restart_policy"]
 
 CONTAINER = "tensorflow"
 PORT_NAME = "tfjob-port"
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+_ELASTIC_RESTART = {"exit-code": "ExitCode", "on-failure": "OnFailure", "never": "Never"}
 
 
 def controller_address(spec: ClusterFile, job: str, index: int, namespace: str) -> str:
     """The address the TFJob controller writes into ``TF_CONFIG`` for a task."""
     return f"{spec.name}-{job}-{index}.{namespace}.svc:{m.PORT}"
+
+
+def restart_policy(spec: ClusterFile, job: str) -> str:
+    """The replica's ``restartPolicy``: ``ExitCode``, except for the chief and workers of an
+    elastic run, which follow ``restart.policy`` (``OnFailure``: any failure; ``Never``)."""
+    if spec.elastic is None or job not in ELASTIC_JOBS:
+        return "ExitCode"
+    return _ELASTIC_RESTART[spec.restart.policy]
 
 
 def _replica(spec: ClusterFile, job: str, count: int, image: str) -> dict[str, Any]:
@@ -47,7 +62,7 @@ def _replica(spec: ClusterFile, job: str, count: int, image: str) -> dict[str, A
         "command": m.command(spec, job),
         "workingDir": m.working_dir(spec),
         "ports": [{"name": PORT_NAME, "containerPort": m.PORT, "protocol": "TCP"}],
-        "env": m.runtime_env(spec),
+        "env": m.runtime_env(spec, job),
     }
     resources = m.resources(spec, job)
     if resources is not None:
@@ -60,7 +75,7 @@ def _replica(spec: ClusterFile, job: str, count: int, image: str) -> dict[str, A
         pod["volumes"] = volumes
     return {
         "replicas": count,
-        "restartPolicy": "ExitCode",
+        "restartPolicy": restart_policy(spec, job),
         "template": {
             "metadata": {"labels": m.labels(spec, job)},
             "spec": pod,
