@@ -1,5 +1,5 @@
-"""SIGTERM to tasks in the middle of collectives, round after round: every task exits 143
-within :data:`EXIT_BOUND_S` (none hangs in gRPC's ``channel.close()`` until clusterctl's
+"""SIGTERM to tasks in the middle of collectives, round after round: every task exits (143, or
+201 when a peer's abort beat its own signal) within :data:`EXIT_BOUND_S` (none hangs in gRPC's ``channel.close()`` until clusterctl's
 SIGKILL: every teardown step has a deadline), on the network path (both data planes, rounds
 alternating) and on the shared-memory path (``auto`` on one host). By hand, 50 rounds:
 ``CLUSTER_SIGTERM_ROUNDS=50``."""
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster import exitcodes
 from cluster.testing import loopback_cluster, tf_config
 from tests.conftest import REPO
 
@@ -46,7 +47,9 @@ def test_sigterm_mid_collective_exits_143_promptly_every_round(task_processes, m
             code, out = task.finish(EXIT_BOUND_S)
             took = time.monotonic() - sent
             took_all.append(took)
-            assert code == 128 + signal.SIGTERM, out[-3000:]
+            # 143 (its own SIGTERM), or 201 when a peer's abort reached it before its own
+            # signal was handled (a loaded machine): both are a prompt, clean exit.
+            assert code in (128 + signal.SIGTERM, exitcodes.EXIT_PEER_FAILED), out[-3000:]
             assert took < EXIT_BOUND_S, f"exited {took:.1f} s after SIGTERM:\n{out[-3000:]}"
             assert "Traceback" not in out, out[-3000:]
     print(f"\n{path}: {len(took_all)} exits after SIGTERM, median "
