@@ -1,8 +1,8 @@
-"""SIGTERM to tasks in the middle of collectives, round after round: every task exits (143, or
-201 when a peer's abort beat its own signal) within :data:`EXIT_BOUND_S` (none hangs in gRPC's ``channel.close()`` until clusterctl's
-SIGKILL: every teardown step has a deadline), on the network path (both data planes, rounds
-alternating) and on the shared-memory path (``auto`` on one host). By hand, 50 rounds:
-``CLUSTER_SIGTERM_ROUNDS=50``."""
+"""SIGTERM to tasks in the middle of collectives, round after round: every task exits (143, or 201
+when a peer's abort beat its own signal) within :data:`EXIT_BOUND_S` (none hangs in gRPC's
+``channel.close()`` until clusterctl's SIGKILL: every teardown step has a deadline), on the
+network path (both data planes, rounds alternating) and on the shared-memory path (``auto`` on
+one host). By hand, 50 rounds: ``CLUSTER_SIGTERM_ROUNDS=50``."""
 
 from __future__ import annotations
 
