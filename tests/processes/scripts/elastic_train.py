@@ -28,7 +28,7 @@ D, B, STEPS = 8, 12, int(os.environ.get("ELASTIC_STEPS", "60"))
 LR, MOMENTUM = 0.05, 0.9
 DIR = Path(os.environ["ELASTIC_DIR"])
 KILLS = dict(item.split("@") for item in os.environ.get("ELASTIC_KILL", "").split(",") if item)
-HOLD_STEP, HOLD_SIZE = map(int, os.environ.get("ELASTIC_HOLD", "-1@0").split("@"))
+HOLD_STEP, HOLD_SIZE = map(int, (os.environ.get("ELASTIC_HOLD") or "-1@0").split("@"))
 
 
 def global_batch(step: int):
