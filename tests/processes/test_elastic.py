@@ -23,9 +23,9 @@ STEPS = 60
 TASKS = ("chief:0", "worker:0", "worker:1", "worker:2")
 
 
-def _launch(tmp_path: Path, marker: str, bounds: str, kill: str, hold: str = ""):
+def _launch(tmp_path: Path, marker: str, bounds: str, kill: str, hold: str = "", **env: str):
     env = env_with(marker, ELASTIC_DIR=str(tmp_path), ELASTIC_KILL=kill, ELASTIC_HOLD=hold,
-                   ELASTIC_STEPS=str(STEPS), CLUSTER_CONNECT_TIMEOUT="60")
+                   ELASTIC_STEPS=str(STEPS), CLUSTER_CONNECT_TIMEOUT="60", **env)
     return run_cli(["launch", "-n", "4", "--elastic", bounds, str(SCRIPT)],
                    cwd=REPO, env=env, timeout=200)
 
@@ -78,3 +78,20 @@ def test_below_the_minimum_the_job_fails_naming_who_is_gone(tmp_path, marker) ->
     assert run.returncode != 0, out[-6000:]
     assert re.search(r"below min 4; gone: worker:2", out), out[-6000:]
     assert "FINAL" not in out  # nobody trained on without it
+
+
+def test_a_worker_holding_the_gil_for_20_s_stays_in_the_group(tmp_path, marker) -> None:
+    # Its heartbeats stop for 20 s (against the 3 s heartbeat timeout) but its host answers:
+    # stalled, not lost, so nobody regroups and nobody restarts.
+    run = _launch(tmp_path, marker, "2:4", "", ELASTIC_GIL="worker:1@5@20")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    finals = _finals(out)
+    _check_exact(finals)
+    assert all(f["sizes"] == [4] for f in finals.values()), finals
+    assert all(len(_pids(tmp_path, t)) == 1 for t in TASKS)
+    # The coordination service (its own process under --elastic) said so, in its log.
+    run_dir = Path(re.search(r"logs in (\S+)", out).group(1))
+    service_log = (run_dir / "coordination-service.log").read_text()
+    assert re.search(r"worker:1 .*is stalled", service_log), service_log[-3000:]
+

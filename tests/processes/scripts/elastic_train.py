@@ -4,6 +4,7 @@ batch, SGD with momentum, a commit per step.
 
 ``ELASTIC_KILL`` = ``task@step[,task@step...]``: that task SIGKILLs itself when it reaches that
 step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its restart).
+``ELASTIC_GIL`` = ``task@step@seconds``: that task holds the GIL that long at that step.
 ``ELASTIC_HOLD`` = ``step@size``: at that step the group commits and waits (60 s at most) until
 it has ``size`` replicas again, so a restarted task rejoins before training ends whatever the
 machine's speed (every member runs the same loop: each commit is a collective). Every start
@@ -13,6 +14,7 @@ trained with; the chief also prints the weights of the same training done in one
 (``REFERENCE``).
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -28,6 +30,7 @@ D, B, STEPS = 8, 12, int(os.environ.get("ELASTIC_STEPS", "60"))
 LR, MOMENTUM = 0.05, 0.9
 DIR = Path(os.environ["ELASTIC_DIR"])
 KILLS = dict(item.split("@") for item in os.environ.get("ELASTIC_KILL", "").split(",") if item)
+GIL_TASK, GIL_STEP, GIL_SECONDS = (os.environ.get("ELASTIC_GIL") or "@-1@0").split("@")
 HOLD_STEP, HOLD_SIZE = map(int, (os.environ.get("ELASTIC_HOLD") or "-1@0").split("@"))
 
 
@@ -77,6 +80,10 @@ def train(state):
                and time.monotonic() - held < 60):
             state.commit()  # a collective: every member loops alike, and a joiner enters here
             time.sleep(0.05)
+        if me == GIL_TASK and state.step == int(GIL_STEP):
+            # One C call that keeps the GIL (as a long import or unpickle does): no heartbeat
+            # leaves this process meanwhile, but its kernel still answers for it.
+            ctypes.PyDLL(None).usleep(int(float(GIL_SECONDS) * 1e6))
         if KILLS.get(me) == str(state.step):
             marker = DIR / f"killed-{me}"
             if not marker.exists():
