@@ -4,6 +4,8 @@ batch, SGD with momentum, a commit per step.
 
 ``ELASTIC_KILL`` = ``task@step[,task@step...]``: that task SIGKILLs itself when it reaches that
 step, once per run (a marker file under ``ELASTIC_DIR`` remembers it across its restart).
+``ELASTIC_REPORT=1`` prints ``STEP <n> <unix time> <replicas>`` after each commit;
+``ELASTIC_STEP_SLEEP`` sleeps that long after each step (a step that takes time).
 ``ELASTIC_GIL`` = ``task@step@seconds``: that task holds the GIL that long at that step.
 ``ELASTIC_HOLD`` = ``step@size``: at that step the group commits and waits (60 s at most) until
 it has ``size`` replicas again, so a restarted task rejoins before training ends whatever the
@@ -31,6 +33,8 @@ LR, MOMENTUM = 0.05, 0.9
 DIR = Path(os.environ["ELASTIC_DIR"])
 KILLS = dict(item.split("@") for item in os.environ.get("ELASTIC_KILL", "").split(",") if item)
 GIL_TASK, GIL_STEP, GIL_SECONDS = (os.environ.get("ELASTIC_GIL") or "@-1@0").split("@")
+REPORT = os.environ.get("ELASTIC_REPORT") == "1"
+STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP") or 0)
 HOLD_STEP, HOLD_SIZE = map(int, (os.environ.get("ELASTIC_HOLD") or "-1@0").split("@"))
 
 
@@ -94,6 +98,10 @@ def train(state):
         state.applied = [*state.applied, state.step]
         state.step += 1
         state.commit()
+        if REPORT:
+            print(f"STEP {state.step} {time.time():.3f} {strategy.num_replicas_in_sync}",
+                  flush=True)
+        time.sleep(STEP_SLEEP)
 
 
 train(state)
