@@ -20,6 +20,7 @@ output (:meth:`cluster.testing.TaskProcess.read_until`), each bounded by ``timeo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -28,10 +29,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench._elastic_steps import join_pause, parse, recovery, step_seconds
+from bench._elastic_steps import TaskLog, join_pause, parse, recovery, step_seconds
 from cluster.ctl.ports import pick_free_ports
 from cluster.testing import TaskProcess, TaskProcessError, TaskProcesses, tf_config
+
+if TYPE_CHECKING:
+    from cluster.testing.netns import NetnsCluster, NetnsHost
 
 __all__ = ["GRACE", "BenchError", "Site", "TrainArgs", "local_site", "measure_elastic",
            "measure_restart", "netns_site"]
@@ -64,13 +69,13 @@ class TrainArgs:
 
 @dataclass
 class Site:
-    """Where a job's tasks run: each task's address, the coordination service's, and how to run
-    a command where a task (or the service) lives."""
+    """Where a job's tasks run: each task's address, the coordination service's (on the first
+    task's host), and how to run a command where a task lives."""
 
     name: str
     addresses: dict[str, str]  # task ("chief:0", "worker:1") -> host:port
     service: str
-    host_of: dict[str, object] = field(default_factory=dict)  # task -> NetnsHost, if emulated
+    host_of: dict[str, NetnsHost] = field(default_factory=dict)  # task -> its emulated host
 
     @property
     def tasks(self) -> list[str]:
@@ -83,9 +88,9 @@ class Site:
             jobs.setdefault(task.split(":")[0], []).append(address)
         return jobs
 
-    def command(self, task: str | None, argv: Sequence[str]) -> list[str]:
-        """``argv`` run where ``task`` lives (``None``: where the coordination service does)."""
-        host = self.host_of.get(task if task is not None else self.tasks[0])
+    def command(self, task: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run where ``task`` lives."""
+        host = self.host_of.get(task)
         return host.command(argv, cwd=REPO) if host is not None else list(argv)
 
 
@@ -96,12 +101,12 @@ def task_names(n: int) -> list[str]:
 
 def local_site(n: int) -> Site:
     """``n`` tasks on ports of 127.0.0.1 free right now (a taken one makes a task exit 203)."""
-    ports = pick_free_ports("127.0.0.1", n + 1)
-    return Site("1 host", {t: f"127.0.0.1:{p}" for t, p in zip(task_names(n), ports, strict=False)},
-                f"127.0.0.1:{ports[-1]}")
+    *ports, service = pick_free_ports("127.0.0.1", n + 1)
+    return Site("1 host", {t: f"127.0.0.1:{p}" for t, p in zip(task_names(n), ports, strict=True)},
+                f"127.0.0.1:{service}")
 
 
-def netns_site(hosts, n: int, port: int = 2222) -> Site:
+def netns_site(hosts: NetnsCluster, n: int, port: int = 2222) -> Site:
     """``n`` tasks over the hosts of ``hosts`` (a :class:`cluster.testing.netns.NetnsCluster`)
     in contiguous blocks, named by hostname as on a real cluster; the coordination service on the
     first host, on ``port - 1``."""
@@ -125,10 +130,10 @@ class _Job:
         self.running: dict[str, TaskProcess] = {}
 
     def start_service(self) -> TaskProcess:
-        config = tf_config(self.site.cluster, "chief", 0)
         return self.processes.start(
-            self.site.command(None, [sys.executable, "-m", "coordination_service"]),
-            name="coordination service", tf_config=config, env=self.env, cwd=REPO)
+            self.site.command(self.site.tasks[0], [sys.executable, "-m", "coordination_service"]),
+            name="coordination service", tf_config=json.dumps({"cluster": self.site.cluster}),
+            env=self.env, cwd=REPO)
 
     def start(self, task: str) -> float:
         """Start ``task``'s process; returns the time just before."""
@@ -176,7 +181,7 @@ class _Job:
                 proc.wait(max(deadline - time.monotonic(), 0.01))
             proc.close()
 
-    def log(self, task: str):
+    def log(self, task: str) -> TaskLog:
         return parse(self.running[task].stdout)
 
 

@@ -194,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     notes = (f"A linear model of {train.features} float64 weights, a global batch of "
              f"{train.batch} rows, {train.step_time:g} s of pretend compute per step; the whole "
              f"restart saves a checkpoint every {train.checkpoint_every} steps. One-minute load "
-             f"average {load:.1f} before the run. Old job stopped: from the kill until every "
-             "task of the old job exited.")
+             f"average {load:.1f} before the run. From imports: from the replacement's "
+             "time.time() right after `import cluster` in its script (under `python -m worker` "
+             "its server is up and its peers have answered by then). Members' pause: the longest "
+             "time a member went without a step while the replacement joined. Old job stopped: "
+             "from the kill until every task of the old job exited.")
     table = result_table(rows, notes)
     print("\n" + markdown(table), flush=True)
     if args.json:

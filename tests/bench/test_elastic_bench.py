@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bench._elastic_job import BenchError, TrainArgs, local_site, measure_elastic
+from bench._elastic_job import (
+    BenchError,
+    TrainArgs,
+    local_site,
+    measure_elastic,
+    netns_site,
+    task_names,
+)
 from bench._elastic_steps import (
     Step,
     TaskLog,
@@ -74,6 +81,40 @@ def test_step_seconds_is_the_median_gap_before_a_time():
     assert step_seconds(log, before=2.0) == pytest.approx(0.1)
     assert step_seconds(log, before=1.05) is None
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0]) == 2.5
+
+
+# -- where the tasks run ---------------------------------------------------------------------
+
+
+class _Host:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def command(self, argv, *, cwd=None):
+        return ["on", self.name, *argv]
+
+
+class _Hosts:
+    def __init__(self, *names: str) -> None:
+        self.hosts = {name: _Host(name) for name in names}
+
+    def __getitem__(self, name: str) -> _Host:
+        return self.hosts[name]
+
+
+def test_sites_place_a_chief_and_workers_and_the_service_apart():
+    assert task_names(4) == ["chief:0", "worker:0", "worker:1", "worker:2"]
+    site = netns_site(_Hosts("h1", "h2"), 4)
+    assert site.addresses == {"chief:0": "h1:2222", "worker:0": "h1:2223",
+                              "worker:1": "h2:2222", "worker:2": "h2:2223"}
+    assert site.service == "h1:2221" and site.name == "2 hosts"
+    assert site.cluster == {"chief": ["h1:2222"], "worker": ["h1:2223", "h2:2222", "h2:2223"]}
+    assert site.command("worker:1", ["python"]) == ["on", "h2", "python"]
+    here = local_site(3)
+    addresses = [*here.addresses.values(), here.service]
+    assert here.tasks == task_names(3) and len(set(addresses)) == 4
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert here.command("chief:0", ["python"]) == ["python"]
 
 
 # -- the table -------------------------------------------------------------------------------
