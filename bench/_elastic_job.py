@@ -177,7 +177,7 @@ class _Job:
             proc.kill(signal.SIGTERM, group=True)
         deadline = time.monotonic() + grace
         for proc in procs:
-            with contextlib.suppress(TaskProcessError):
+            with contextlib.suppress(TaskProcessError):  # still running: close() SIGKILLs it
                 proc.wait(max(deadline - time.monotonic(), 0.01))
             proc.close()
 
@@ -225,13 +225,14 @@ def measure_elastic(site: Site, repeats: int, train: TrainArgs, *, warmup: int =
             joiner = job.log(victim)
             first = joiner.steps[0].time
             rows.append({"recovery": lost, "join_start": first - started,
-                         "join_imported": first - joiner.imported if joiner.imported else None,
+                         "join_imported": (first - joiner.imported
+                                           if joiner.imported is not None else None),
                          "join_pause": join_pause([job.log(t) for t in survivors], started, n),
                          "step": step})
             job.wait_steps(site.tasks, SETTLE_STEPS, n)
         job.stop(site.tasks)
         service.kill(signal.SIGTERM, group=True)
-        with contextlib.suppress(TaskProcessError):
+        with contextlib.suppress(TaskProcessError):  # still running: TaskProcesses SIGKILLs it
             service.wait(GRACE)
     return rows
 
