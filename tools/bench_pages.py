@@ -31,7 +31,7 @@ OUT_DIR = Path("docs/benchmarks")
 # The index lists these first, in this order; any other result follows by name.
 ORDER = ("strategy", "strategy-bert", "strategy-16core", "torch_ddp", "torch_ddp-16core",
          "keras_fit", "allreduce", "allreduce-hosts", "ps", "ps-tls", "tcp_tls", "checkpoint", "scale",
-         "coordination")
+         "coordination", "elastic")
 
 INTRO = """\
 # Benchmarks
@@ -70,7 +70,8 @@ uv run python tools/bench_pages.py
 ```
 
 `bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py`, `bench/ps.py`,
-`bench/tcp_tls.py`, `bench/checkpoint.py` and `bench/scale.py` take `--json PATH`; the schema
+`bench/tcp_tls.py`, `bench/checkpoint.py`, `bench/scale.py` and `bench/elastic.py` take
+`--json PATH`; the schema
 is `bench/record.py`.
 `tests/bench/test_bench_pages.py` checks every result file against the schema and that the
 committed pages are those the result files give.
