@@ -193,14 +193,34 @@ class DistributedGradients:
                             ("first_bucket_mb", first_bucket_mb)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"DistributedGradients: {name} must be > 0, got {value!r}")
-        self._group = group_of(strategy, "DistributedGradients")
-        params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
-        if not params:
+        if strategy is None:
+            import cluster  # the current strategy, as tf.distribute.get_strategy()
+
+            strategy = cluster.get_strategy()
+        self._strategy = strategy
+        self._params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
+        if not self._params:
             raise ValueError("DistributedGradients: the module has no parameter that requires "
                              "grad")
-        self._placement = _transfer.plan(_one_device(params), self._group)
+        self._bucket_caps = (int(bucket_cap_mb * _MB), int(first_bucket_mb * _MB))
+        self._build(group_of(strategy, "DistributedGradients"))
+        self._next = 0  # the first bucket not started this step
+        self._syncing = True
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                         for p in self._params]
+        # Before accumulation too: a second backward must be refused before torch adds into a
+        # p.grad that a collective may still be reducing in place.
+        self._handles += [p.register_hook(functools.partial(self._before_grad, id(p)))
+                          for p in self._params]
+
+    def _build(self, group: Any) -> None:
+        """Placement and buckets over ``group`` (at construction, and when an elastic regroup
+        gave the strategy a new one: :meth:`_follow_group`)."""
+        params = self._params
+        self._group = group
+        self._placement = _transfer.plan(_one_device(params), group)
         plan = bucket_plan([(p.dtype, p.numel() * p.element_size()) for p in params],
-                           int(bucket_cap_mb * _MB), int(first_bucket_mb * _MB))
+                           *self._bucket_caps)
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position)
         for b, indices in enumerate(plan):
@@ -208,13 +228,14 @@ class DistributedGradients:
             self._buckets.append(self._bucket(members, self._placement.for_dtype(members[0].dtype)))
             for position, p in enumerate(members):
                 self._where[id(p)] = (b, position)
-        self._next = 0  # the first bucket not started this step
-        self._syncing = True
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
-        # Before accumulation too: a second backward must be refused before torch adds into a
-        # p.grad that a collective may still be reducing in place.
-        self._handles += [p.register_hook(functools.partial(self._before_grad, id(p)))
-                          for p in params]
+
+    def _follow_group(self) -> None:
+        """Between steps: an elastic regroup (``cluster.elastic``) swapped the strategy's
+        collective group; rebuild over the new one, at the same point of the step on every
+        rank (the step's first gradient, or ``synchronize``)."""
+        group = self._strategy.extended.collective_group
+        if group is not self._group and group is not None:
+            self._build(group)
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -250,6 +271,8 @@ class DistributedGradients:
         Raises the collective's error (the group's typed errors), or
         :class:`~cluster.errors.CollectiveTimeoutError` after ``timeout`` seconds on a bucket.
         """
+        if self._next == 0 and not any(b.filled for b in self._buckets):
+            self._follow_group()  # no backward reached a bucket this step
         try:
             for bucket in self._buckets[self._next:]:
                 for position, p in enumerate(bucket.params):
@@ -315,6 +338,8 @@ class DistributedGradients:
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self._syncing:
             return
+        if self._next == 0 and not any(b.filled for b in self._buckets):
+            self._follow_group()  # the step's first gradient
         self._refuse_twice(id(p))
         b, position = self._where[id(p)]
         bucket = self._buckets[b]

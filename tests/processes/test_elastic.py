@@ -19,14 +19,16 @@ from tests.ctl._cli_run import env_with, run_cli
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "elastic_train.py"
+TORCH_SCRIPT = SCRIPT.parent / "elastic_torch.py"
 STEPS = 60
 TASKS = ("chief:0", "worker:0", "worker:1", "worker:2")
 
 
-def _launch(tmp_path: Path, marker: str, bounds: str, kill: str, hold: str = "", **env: str):
+def _launch(tmp_path: Path, marker: str, bounds: str, kill: str, hold: str = "", *,
+            script: Path = SCRIPT, **env: str):
     env = env_with(marker, ELASTIC_DIR=str(tmp_path), ELASTIC_KILL=kill, ELASTIC_HOLD=hold,
                    ELASTIC_STEPS=str(STEPS), CLUSTER_CONNECT_TIMEOUT="60", **env)
-    return run_cli(["launch", "-n", "4", "--elastic", bounds, str(SCRIPT)],
+    return run_cli(["launch", "-n", "4", "--elastic", bounds, str(script)],
                    cwd=REPO, env=env, timeout=200)
 
 
@@ -39,12 +41,12 @@ def _pids(tmp_path: Path, task: str) -> list[int]:
     return [int(line) for line in (tmp_path / f"pids-{task}").read_text().split()]
 
 
-def _check_exact(finals: dict[str, dict]) -> None:
+def _check_exact(finals: dict[str, dict], steps: int = STEPS) -> None:
     assert set(finals) == set(TASKS), sorted(finals)
     reference = np.array(finals["chief:0"]["reference"])
     for task, final in finals.items():
         np.testing.assert_allclose(final["w"], reference, rtol=0, atol=1e-12, err_msg=task)
-        assert final["applied"] == list(range(STEPS)), task  # every step once, in order
+        assert final["applied"] == list(range(steps)), task  # every step once, in order
 
 
 @pytest.mark.parametrize("killed", [
@@ -94,4 +96,16 @@ def test_a_worker_holding_the_gil_for_20_s_stays_in_the_group(tmp_path, marker) 
     run_dir = Path(re.search(r"logs in (\S+)", out).group(1))
     service_log = (run_dir / "coordination-service.log").read_text()
     assert re.search(r"worker:1 .*is stalled", service_log), service_log[-3000:]
+
+
+def test_cluster_torch_training_leaves_and_rejoins_exactly(tmp_path, marker) -> None:
+    pytest.importorskip("torch", reason="the torch extra is not installed (uv sync --extra torch)")
+    run = _launch(tmp_path, marker, "2:4", "worker:1@10", hold="30@4", script=TORCH_SCRIPT)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    finals = _finals(out)
+    _check_exact(finals)
+    assert len(_pids(tmp_path, "worker:1")) == 2
+    assert all(_pids(tmp_path, t) == [finals[t]["pid"]] for t in TASKS if t != "worker:1")
+    assert 3 in finals["chief:0"]["sizes"] and 4 in finals["chief:0"]["sizes"]
 
