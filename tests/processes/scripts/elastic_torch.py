@@ -76,10 +76,10 @@ def train(state):
         sizes.append(n)
         x, y = global_batch(state.step)
         rows = np.array_split(np.arange(B), n)[strategy.extended.worker_index]
+        optimizer.zero_grad()  # first: a step cut short by a loss left its gradients
         torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
         grads.synchronize()  # the mean over the replicas: the global batch's gradient
         optimizer.step()
-        optimizer.zero_grad()
         state.applied = [*state.applied, state.step]
         state.step += 1
         state.commit()
