@@ -56,6 +56,7 @@ __all__ = [
     "check_nest",
     "describe_objects",
     "is_external",
+    "apply_plan",
     "restore_plan",
     "save_entries",
     "variables_of",
@@ -230,6 +231,21 @@ def _iterator_or_metric_entries(path: str, leaf: Any) -> list[Entry]:
         return [Entry(*_rng.random_entry_parts(path, leaf))]
     return [_variable_entry(f"{path}/{_metric_state_name(leaf, state)}", state)
             for state in state_variables(leaf)]
+
+
+def apply_plan(plan: list[Entry], tensors: dict[str, np.ndarray],
+               mismatch: Callable[[Entry, np.ndarray], str]) -> None:
+    """Write ``tensors`` into the tracked objects of ``plan``, all or nothing: every array is
+    checked first (the entry's own check, then its dtype and shape: ``ValueError`` with
+    ``mismatch(entry, array)``), and only then is any written."""
+    for entry in plan:
+        array = tensors[entry.name]
+        if entry.check is not None:
+            entry.check(array)
+        if array.dtype != entry.dtype or tuple(array.shape) != entry.shape:
+            raise ValueError(mismatch(entry, array))
+    for entry in plan:
+        entry.apply(tensors[entry.name])
 
 
 def restore_plan(leaves: list[tuple[str, Any]], tensors: dict[str, np.ndarray]) -> list[Entry]:

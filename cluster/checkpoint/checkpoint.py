@@ -99,17 +99,11 @@ class Checkpoint:
         return self._apply(path, tensors, index)
 
     def _apply(self, path: Any, tensors: dict[str, np.ndarray], index: dict[str, Any]) -> Any:
-        plan = _trackables.restore_plan(self._leaves, tensors)
-        for entry in plan:
-            array = tensors[entry.name]
-            if entry.check is not None:
-                entry.check(array)
-            if array.dtype != entry.dtype or tuple(array.shape) != entry.shape:
-                raise ValueError(
-                    f"Checkpoint: {entry.name} in {path} is {array.dtype}{list(array.shape)} but "
-                    f"the tracked object is {entry.dtype}{list(entry.shape)}")
-        for entry in plan:
-            entry.apply(tensors[entry.name])
+        _trackables.apply_plan(
+            _trackables.restore_plan(self._leaves, tensors), tensors,
+            lambda entry, array: f"Checkpoint: {entry.name} in {path} is "
+                                 f"{array.dtype}{list(array.shape)} but the tracked object is "
+                                 f"{entry.dtype}{list(entry.shape)}")
         return index.get("step")
 
     def restore(self, path: str | os.PathLike) -> int | None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cluster._family import to_host
-from cluster.checkpoint._trackables import check_nest, restore_plan, save_entries
+from cluster.checkpoint._trackables import apply_plan, check_nest, restore_plan, save_entries
 from cluster.optimizers import Optimizer
 
 __all__ = ["Tracked"]
@@ -60,16 +60,10 @@ class Tracked:
             plan = restore_plan(self._leaves, tensors)
         except ValueError as e:
             raise ValueError(f"elastic.State: {e}".replace("Checkpoint: ", "")) from e
-        for entry in plan:
-            array = tensors[entry.name]
-            if entry.check is not None:
-                entry.check(array)
-            if array.dtype != entry.dtype or tuple(array.shape) != entry.shape:
-                raise ValueError(
-                    f"elastic.State: {entry.name} is {array.dtype}{list(array.shape)} in the "
-                    f"state to restore but {entry.dtype}{list(entry.shape)} here")
-        for entry in plan:
-            entry.apply(tensors[entry.name])
+        apply_plan(plan, tensors,
+                   lambda entry, array: f"elastic.State: {entry.name} is "
+                                        f"{array.dtype}{list(array.shape)} in the state to "
+                                        f"restore but {entry.dtype}{list(entry.shape)} here")
 
     def _slots_made_since(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Zeros for the optimizer slots that exist now but not in ``tensors`` (made by a step
