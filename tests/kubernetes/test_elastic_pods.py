@@ -35,7 +35,9 @@ def test_a_deleted_pods_replacement_rejoins_the_running_job(marker, tmp_path) ->
         results = pods.wait(timeout=150)
         assert all(r.exit_code == 0 for r in results.values()), describe(results)
         out = results["elastic-chief-0"].output
-        assert re.search(r"on 3 replica\(s\)", out), out[-4000:]  # trained on without it
-        assert re.search(r"joined: worker:1", out), out[-4000:]  # and with it again
+        # The group went on without it, then took its replacement back.
+        assert re.search(r"generation \d+: 3 replica\(s\) .*; left: worker:1", out), out[-4000:]
+        assert re.search(r"generation \d+: 4 replica\(s\) .*; joined: worker:1", out), \
+            out[-4000:]
         assert re.search(r"exact: max \|w - one process\| = (0\.0e\+00|[0-9.]+e-1[3-9])",
                          out), out[-4000:]
