@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,12 @@ def test_every_path_the_dockerfile_copies_exists() -> None:
     assert copies, "no COPY found"
     missing = [source for source, _ in copies if not (REPO / source).exists()]
     assert not missing, f"deploy/Dockerfile copies paths that do not exist: {missing}"
-    packages = {source.rstrip("/") for source, _ in copies}
-    assert {"resolver", "cluster", "worker", "ps", "pyproject.toml", "uv.lock"} <= packages
+    copied = {source.rstrip("/") for source, _ in copies}
+    # Every package the wheel ships (pyproject's hatch list), so the image can run them all.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = set(project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"])
+    assert packages >= {"resolver", "cluster", "worker", "ps", "coordination_service"}
+    assert packages | {"pyproject.toml", "uv.lock"} <= copied, sorted(packages - copied)
 
 
 def test_the_image_puts_the_code_where_the_manifests_run_it() -> None:
