@@ -85,7 +85,7 @@ class ElasticGroup:
         or a newer generation formed (this task is a joiner, or was left behind)."""
         generation, joining = self._news()
         if generation < self.generation:
-            return self.joining  # heard before this generation formed: stale
+            return False  # heard before this generation formed (so not a joiner): stale
         return self.joining or joining > 0 or generation > self.generation
 
     def regroup(self, deadline: Deadline) -> Transport:
@@ -109,9 +109,8 @@ class ElasticGroup:
 
     def _raise_if_over(self, answer: Answer) -> None:
         if answer.status is Status.BELOW_MIN:
-            gone = answer.message.rpartition("gone: ")[2]
             raise ElasticGroupError(f"{self.task}: the elastic run cannot go on: {answer.message}",
-                                    gone=tuple(t for t in gone.split(", ") if t and t != "none"))
+                                    gone=answer.gone)
         if answer.status is Status.REFUSED:
             raise ElasticGroupError(f"{self.task}: {answer.message}")
 

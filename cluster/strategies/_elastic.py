@@ -29,10 +29,10 @@ __all__ = ["ElasticExtended", "collective_ops"]
 
 
 def collective_ops(transport: Transport, options: CommunicationOptions,
-                   settings) -> tuple[CollectiveGroup, CollectiveAllReduce]:
-    """The collective group over ``transport`` and the strategy's ops on it."""
+                   settings) -> CollectiveAllReduce:
+    """The strategy's ops over a collective group on ``transport`` (``ops.group``)."""
     group = CollectiveGroup(transport, "multi_worker_mirrored", options, settings=settings)
-    return group, CollectiveAllReduce(group, NcclAllReduce())
+    return CollectiveAllReduce(group, NcclAllReduce())
 
 
 class ElasticExtended(StrategyExtended):
@@ -45,16 +45,15 @@ class ElasticExtended(StrategyExtended):
 
     def __init__(self, container_strategy: Strategy, devices: Sequence[Device],
                  transport: Transport | None, *, elastic: ElasticGroup,
-                 make_ops: Callable[[Transport], tuple[CollectiveGroup, CollectiveAllReduce]],
+                 make_ops: Callable[[Transport], CollectiveAllReduce],
                  local_transport: Callable[[], Transport], regroup_timeout: float,
                  options: CommunicationOptions | None = None) -> None:
         self._elastic = elastic
         self._make_ops = make_ops
         self._regroup_timeout_s = regroup_timeout
-        group, ops = make_ops(transport if transport is not None else local_transport())
-        self._group = group
-        super().__init__(container_strategy, devices, ops, num_workers=group.world_size,
-                         worker_index=group.rank, options=options)
+        ops = make_ops(transport if transport is not None else local_transport())
+        super().__init__(container_strategy, devices, ops, num_workers=ops.group.world_size,
+                         worker_index=ops.group.rank, options=options)
 
     def _elastic_enabled(self) -> bool:
         return True
@@ -74,13 +73,8 @@ class ElasticExtended(StrategyExtended):
     def _elastic_regroup(self, deadline: Deadline) -> None:
         """Enter the next generation (see :meth:`ElasticGroup.regroup`) and swap the collective
         group under this strategy. Raises ``ElasticGroupError`` when the run cannot go on."""
-        old = self._group
-        old.close()
+        self.collective_group.close()
         with timeline.phase("elastic regroup"):  # on the trace: how long training paused
             transport = self._elastic.regroup(deadline)
-        group, ops = self._make_ops(transport)
-        self._group = group
-        self._cross_device_ops = ops
-        self._num_workers = group.world_size
-        self._worker_index = group.rank
-        self._first_replica_id = group.rank * self._local_count
+        ops = self._make_ops(transport)
+        self._set_group(ops, ops.group.world_size, ops.group.rank)

@@ -79,11 +79,17 @@ class StrategyExtended(WorkerInfo):
         self._container = container_strategy
         self._devices = tuple(devices)
         self._local_count = len(self._devices)
+        self._options = options
+        self._set_group(cross_device_ops, num_workers, worker_index)
+
+    def _set_group(self, cross_device_ops: CrossDeviceOps, num_workers: int,
+                   worker_index: int) -> None:
+        """The ops and this process's place among the workers (at construction, and when an
+        elastic regroup swaps the group: :mod:`cluster.strategies._elastic`)."""
         self._cross_device_ops = cross_device_ops
         self._num_workers = num_workers
         self._worker_index = worker_index
         self._first_replica_id = worker_index * self._local_count
-        self._options = options
 
     # -- devices -------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             return
         parsed = parse_devices(_task_devices(transport) if devices is None else devices,
                                what="MultiWorkerMirroredStrategy devices")
-        _, ops = collective_ops(transport, options, _collective_settings())
+        ops = collective_ops(transport, options, _collective_settings())
         super().__init__(StrategyExtended(self, parsed, ops, num_workers=ops.group.world_size,
                                           worker_index=ops.group.rank, options=options))
 

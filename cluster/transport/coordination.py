@@ -290,7 +290,8 @@ class CoordinationService:
                   Status.BELOW_MIN: coordination_pb2.RegroupReply.BELOW_MIN,
                   Status.REFUSED: coordination_pb2.RegroupReply.REFUSED}[answer.status]
         return coordination_pb2.RegroupReply(status=status, generation=answer.generation,
-                                             members=answer.members, message=answer.message)
+                                             members=answer.members, message=answer.message,
+                                             gone=answer.gone)
 
     def _report(self, request, context):
         event = from_wire(request.event)

@@ -359,7 +359,7 @@ class CoordinationClient:
                 reply = self._regroup_call(request, timeout=max(0.05, min(
                     2.0, deadline.remaining())), metadata=self._token.metadata)
                 answer = Answer(self._STATUS.get(reply.status, Status.WAITING), reply.generation,
-                                tuple(reply.members), reply.message)
+                                tuple(reply.members), reply.message, tuple(reply.gone))
                 if answer.status is not Status.WAITING or not wait:
                     return answer
             except grpc.RpcError as e:

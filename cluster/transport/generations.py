@@ -43,12 +43,13 @@ class Status(enum.Enum):
 @dataclass(frozen=True)
 class Answer:
     """What an asker hears: the status, the current generation and its members (rank order),
-    and for ``BELOW_MIN``/``REFUSED`` why."""
+    for ``BELOW_MIN``/``REFUSED`` why, and for ``BELOW_MIN`` who is gone."""
 
     status: Status
     generation: int
     members: tuple[str, ...]
     message: str = ""
+    gone: tuple[str, ...] = ()
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Generations:
     _incarnations: dict[str, int | None] = field(init=False)
     _asking: dict[str, int] = field(init=False, default_factory=dict)
     _below: str = field(init=False, default="")
+    _gone: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -105,14 +107,16 @@ class Generations:
                           "coordination service (declared lost while cut off?): restart it to "
                           "join again")
         if self._below:
-            return Answer(Status.BELOW_MIN, self.generation, self.members, self._below)
+            return Answer(Status.BELOW_MIN, self.generation, self.members, self._below,
+                          self._gone)
         if self.generation > after and self._is_member(task, incarnation):
             return Answer(Status.FORMED, self.generation, self.members)
         if enlist or self.generation == 0:
             self._asking[task] = incarnation
         self._try_form(live, registered)
         if self._below:
-            return Answer(Status.BELOW_MIN, self.generation, self.members, self._below)
+            return Answer(Status.BELOW_MIN, self.generation, self.members, self._below,
+                          self._gone)
         if self.generation > after and self._is_member(task, incarnation):
             return Answer(Status.FORMED, self.generation, self.members)
         return Answer(Status.WAITING, self.generation, self.members)
@@ -135,6 +139,7 @@ class Generations:
         askers = [t for t in self.tasks if t in self._asking]
         if len(askers) < self.minimum:
             gone = [m for m in self.members if m not in remaining]
+            self._gone = tuple(gone)
             self._below = (
                 f"{len(askers)} collective task(s) left ({', '.join(askers) or 'none'}), fewer "
                 f"than the elastic minimum of {self.minimum}; gone: {', '.join(gone) or 'none'}")

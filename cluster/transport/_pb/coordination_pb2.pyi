@@ -106,7 +106,7 @@ class RegroupRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., incarnation: _Optional[int] = ..., after_generation: _Optional[int] = ..., enlist: _Optional[bool] = ...) -> None: ...
 
 class RegroupReply(_message.Message):
-    __slots__ = ("status", "generation", "members", "message")
+    __slots__ = ("status", "generation", "members", "message", "gone")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         WAITING: _ClassVar[RegroupReply.Status]
@@ -121,8 +121,10 @@ class RegroupReply(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
     status: RegroupReply.Status
     generation: int
     members: _containers.RepeatedScalarFieldContainer[str]
     message: str
-    def __init__(self, status: _Optional[_Union[RegroupReply.Status, str]] = ..., generation: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...
+    gone: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Union[RegroupReply.Status, str]] = ..., generation: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., gone: _Optional[_Iterable[str]] = ...) -> None: ...
