@@ -19,15 +19,19 @@ aborts the group so every rank fails. A received ``(0, 0)`` message whose meanin
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 
 from cluster.deadline import Deadline
-from cluster.errors import CollectiveMismatchError
+from cluster.errors import CollectiveMismatchError, CollectiveTimeoutError
 from cluster.transport.api import MessageKey, Received, Transport
 
 __all__ = ["Exchange"]
 
 _EMPTY = b""
+_NOT_GUARDED = contextlib.nullcontext()
 
 
 class Exchange:
@@ -63,6 +67,8 @@ class Exchange:
         self._begun = False
         self._piggyback_recv = False
         self._handshake_checked = False
+        self._handshake_lock = threading.Lock()
+        self._handshake_error: BaseException | None = None
 
     # -- the handshake ---------------------------------------------------------------------------
 
@@ -84,8 +90,7 @@ class Exchange:
     def end(self) -> None:
         """Complete the handshake if the algorithms did not (a broadcast root, no data at all)."""
         self.begin(piggyback_send=False, piggyback_recv=False)
-        if not self._handshake_checked:
-            self._check_handshake(self._recv_raw(self.left, 0, 0))
+        self._ensure_handshake()
 
     # -- messages --------------------------------------------------------------------------------
 
@@ -106,7 +111,7 @@ class Exchange:
                 received = self._recv_raw(src, 0, 0)
                 self._check_handshake(received)
                 return self._as_array(src, step, chunk, received, dtype, count)
-            self._check_handshake(self._recv_raw(self.left, 0, 0))
+            self._ensure_handshake()
         received = self._recv_raw(src, step, chunk)
         if received.signature:
             self._check_signature(src, received.signature)
@@ -123,16 +128,28 @@ class Exchange:
     def recv_into(self, src: int, step: int, chunk: int, out: np.ndarray) -> None:
         """:meth:`recv` into ``out`` (contiguous, 1-D): no copy when the transport used the
         buffer offered with :meth:`post`."""
+        incoming = self.receive_for(src, step, chunk, out)
+        if incoming is not None:
+            np.copyto(out, incoming)
+
+    def receive_for(self, src: int, step: int, chunk: int, out: np.ndarray) -> np.ndarray | None:
+        """Wait for the message :meth:`recv_into` would put in ``out``: ``None`` when it landed
+        there already (the buffer offered with :meth:`post`), else the received values, for
+        the caller to copy into ``out``."""
         view = self._posted.pop((src, step, chunk), None)
         if self._handshake_checked and view is not None:
             received = self._recv_raw(src, step, chunk)
             if received.signature:
                 self._check_signature(src, received.signature)
             if received.payload is view:
-                return
-            np.copyto(out, self._as_array(src, step, chunk, received, out.dtype, out.size))
-            return
-        np.copyto(out, self.recv(src, step, chunk, out.dtype, out.size))
+                return None
+            return self._as_array(src, step, chunk, received, out.dtype, out.size)
+        return self.recv(src, step, chunk, out.dtype, out.size)
+
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        """Held by an algorithm while it writes to the call's arrays (a lane's writes are
+        guarded, see :mod:`~cluster.collectives.lanes`; the exchange's own are not)."""
+        return _NOT_GUARDED
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -150,6 +167,28 @@ class Exchange:
 
     def _recv_raw(self, src: int, step: int, chunk: int) -> Received:
         return self.transport.recv(src, self._key(step, chunk), deadline=self.deadline)
+
+    def _ensure_handshake(self) -> None:
+        """Check the left neighbour's handshake once, whichever thread receives first; a thread
+        that finds another one checking waits for its verdict (within the deadline)."""
+        if self._handshake_checked:
+            return
+        timeout = self.deadline.timeout()
+        if not self._handshake_lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise CollectiveTimeoutError(
+                f"collective #{self.seq} of group {self.group!r}: no handshake from "
+                f"{self.transport.peers[self.left]} before the deadline")
+        try:
+            if self._handshake_error is not None:
+                raise self._handshake_error
+            if not self._handshake_checked:
+                try:
+                    self._check_handshake(self._recv_raw(self.left, 0, 0))
+                except BaseException as e:
+                    self._handshake_error = e
+                    raise
+        finally:
+            self._handshake_lock.release()
 
     def _check_handshake(self, received: Received) -> None:
         # The handshake is always the first message the left neighbour sends us, hence signed;

@@ -25,6 +25,11 @@ decisions :mod:`~cluster.collectives.shared_memory` takes by default: :func:`who
 parallel; where ranks take turns on cores a wait is a scheduler turn, and the algorithms with
 fewer waits win.
 
+The network ring on one host. The same :class:`HostShape` decides how the ring runs when the
+network path carries co-located ranks: pipelined chunks or whole segments
+(:func:`ring_pipelines`), and one lane or two (:func:`ring_lanes`, from :func:`ring_seconds`:
+each rank's threads and what each of them moves).
+
 >>> [latency_steps(a, 64) for a in ALGORITHMS], [messages(a, 64) for a in ALGORITHMS]
 ([126, 6, 12], [8064, 448, 190])
 """
@@ -42,6 +47,9 @@ __all__ = [
     "direct_seconds",
     "latency_steps",
     "messages",
+    "ring_lanes",
+    "ring_pipelines",
+    "ring_seconds",
     "single_copy_pays",
     "single_copy_seconds",
     "wait_seconds",
@@ -151,12 +159,30 @@ class HostCosts:
       ``process_vm_readv`` costs per byte beyond a staged copy (the kernel pins the peer's pages
       and copies into a scratch that then leaves cache): 5e-11, ResNet-50's ``apply_gradients``
       at 2 ranks (~100 MB of gradients) staged in 37-42 ms, read in place in 42-50 ms.
+
+    The network ring's threads (one rank of a ring over loopback TCP, 64 MiB float32 at N = 2
+    and 4, each thread's CPU from ``/proc/self/task/*/schedstat``; a rank's main thread sends
+    and combines, a receiver thread per inbound connection drains it):
+
+    - ``send_s_per_byte``: the sending thread per byte sent (``sendmsg``'s copy, and the
+      loopback's TCP work the kernel charges to the sender): 0.30e-9, the main thread's 0.41 ns
+      per byte of the message at N = 2 (1 byte sent, 0.5 combined) and 0.66 at N = 4 (1.5 and
+      0.75), less the combines.
+    - ``combine_s_per_byte``: ``np.add`` of a received chunk and the local values into scratch,
+      from memory, per byte of the chunk: 0.24e-9 (4 and 16 MiB, caches flushed).
+    - ``recv_s_per_byte``: a receiver thread per byte received: 0.33e-9 (0.39 ns at N = 2, 0.29 at
+      N = 4).
+    - ``lane_s``: handing a lane to its thread and taking its end back, per call: 1e-4.
     """
 
     move_bytes_per_s: float = 7.5e9
     wait_s: float = 4e-6
     shared_wait_s: float = 0.37e-3
     kernel_read_s_per_byte: float = 5e-11
+    send_s_per_byte: float = 0.30e-9
+    combine_s_per_byte: float = 0.24e-9
+    recv_s_per_byte: float = 0.33e-9
+    lane_s: float = 1e-4
 
 
 MEASURED = HostCosts()
@@ -241,3 +267,52 @@ def single_copy_pays(shape: HostShape, round_bytes: int, nbytes: int = REFERENCE
         return False
     return single_copy_seconds(shape, nbytes, costs) < direct_seconds(shape, nbytes,
                                                                       round_bytes, costs)
+
+
+# -- the network ring among the ranks of one host ----------------------------------------------
+
+
+def ring_pipelines(shape: HostShape) -> bool:
+    """Whether the ring sends each segment in pipelined chunks (else whole segments).
+
+    Pipelining overlaps a chunk's combine with the next chunk's transfer: it pays when every
+    rank's threads have cores to overlap on. Where ranks outnumber cores (4 on 2) there is
+    nothing to overlap with, and each extra ``sendmsg`` costs CPU the machine does not have:
+    at N = 4, 64 MiB on 2 cores, 57-65 ms CPU per rank with 4 MiB chunks against 43-57 ms with
+    one 16 MiB message per step; at N = 2 the pipeline wins (38 ms against 65 ms).
+    """
+    return shape.ranks <= shape.cores
+
+
+def ring_seconds(shape: HostShape, nbytes: int, lanes: int, costs: HostCosts = MEASURED) -> float:
+    """A ring all-reduce of ``nbytes`` among ``shape.ranks`` ranks of one host, with ``lanes``.
+
+    Per rank, ``2 (N-1)/N nbytes`` are sent and received and ``(N-1)/N nbytes`` combined. A
+    lane's thread sends and combines its share; each inbound connection's receiver thread
+    drains its share. With two lanes at ``N >= 3`` the lanes arrive over two connections (from
+    the left and from the right neighbour); at ``N = 2`` both neighbours are the one peer, whose
+    one connection each way carries both lanes: its receiver thread drains everything and its
+    sends take turns. The time is the busiest thread's work, or all of the rank's work over its
+    cores where threads outnumber them, plus the lanes' hand-offs.
+    """
+    n = shape.ranks
+    if n == 1 or nbytes == 0:
+        return 0.0
+    moved = 2 * (n - 1) / n * nbytes
+    sending = moved * costs.send_s_per_byte
+    main = sending + moved / 2 * costs.combine_s_per_byte
+    receiving = moved * costs.recv_s_per_byte
+    connections = lanes if n > 2 else 1
+    busiest = max(main / lanes, receiving / connections)
+    if connections == 1:
+        busiest = max(busiest, sending)  # the one outbound socket's sends take turns
+    cores = shape.cores / n
+    return max(busiest, (main + receiving) / cores) + (lanes - 1) * costs.lane_s
+
+
+def ring_lanes(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED) -> int:
+    """The lanes (1 or 2) that give the lower :func:`ring_seconds` (1 on a tie).
+
+    A second lane pays where each rank has cores to spare for its threads: 2 ranks, 4 or 8
+    on 16 cores, from a few hundred KiB; never where ranks share cores (2 or 4 on 2)."""
+    return 2 if ring_seconds(shape, nbytes, 2, costs) < ring_seconds(shape, nbytes, 1, costs) else 1

@@ -22,10 +22,17 @@ from cluster.collectives._call import Call
 from cluster.collectives._exchange import Exchange
 from cluster.collectives._packing import spec
 from cluster.collectives.arena import Arena
+from cluster.collectives.cost import HostShape
 from cluster.collectives.epilogue import Update, apply_whole
+from cluster.collectives.lanes import Lanes, LaneThreads
 from cluster.collectives.ops import ReduceOp
 from cluster.collectives.options import CollectiveSettings, CommunicationOptions
-from cluster.collectives.route import algorithm_config, network_algorithm, ring_chunk_bytes
+from cluster.collectives.route import (
+    algorithm_config,
+    network_algorithm,
+    ring_chunk_bytes,
+    ring_lanes,
+)
 from cluster.collectives.schedule import Range, segments
 from cluster.transport.api import Transport
 
@@ -63,9 +70,11 @@ class NetworkCollectives:
         self._chunk = chunk_bytes
         self._buffers = buffers
         self.arena: Arena | None = None
-        # Every rank derives this from the same cluster spec, so all pick the same ring chunk.
+        # Every rank derives this from the same cluster spec (and, on one host, the same
+        # cores), so all pick the same ring chunk and lanes.
         hosts = {p.address.rsplit(":", 1)[0] for p in transport.peers if p.address}
-        self._one_host = len(hosts) <= 1
+        self._shape = HostShape.here(transport.world_size) if len(hosts) <= 1 else None
+        self._lane_threads = LaneThreads(f"{name}-ring")
 
     @property
     def rank(self) -> int:
@@ -80,12 +89,18 @@ class NetworkCollectives:
         names the message size :meth:`ring_chunk` gives (so it is part of the signature)."""
         return network_algorithm(self._settings, options, nbytes,
                                  small_message_bytes=self._small,
-                                 chunk_bytes=self.ring_chunk(nbytes, itemsize))
+                                 chunk_bytes=self.ring_chunk(nbytes, itemsize),
+                                 lanes=self.lanes(nbytes).count)
 
     def ring_chunk(self, nbytes: int, itemsize: int) -> int:
         """:func:`~cluster.collectives.route.ring_chunk_bytes` for this group."""
         return ring_chunk_bytes(self._chunk, nbytes, itemsize, self.world_size,
-                                one_host=self._one_host)
+                                shape=self._shape)
+
+    def lanes(self, nbytes: int) -> Lanes:
+        """The lanes of this group's ring all-reduce of ``nbytes``
+        (:func:`~cluster.collectives.route.ring_lanes`)."""
+        return Lanes(ring_lanes(self._settings, nbytes, self._shape), self._lane_threads)
 
     def algorithm_config(self, options: CommunicationOptions) -> str:
         """:func:`~cluster.collectives.route.algorithm_config` with this group's sizes."""
@@ -126,7 +141,7 @@ class NetworkCollectives:
             bounds = segments(work.size, self.world_size)
             chunk = self.ring_chunk(array.nbytes, array.itemsize)
             ring.all_reduce(ex, work, bounds, op, chunk, source=source,
-                            empty=self._buffers.empty)
+                            empty=self._buffers.empty, lanes=self.lanes(array.nbytes))
         ex.end()
         return work
 
@@ -234,7 +249,8 @@ class NetworkCollectives:
         for dtype, items in by_dtype.items():
             nbytes = sum(item.work.nbytes for item in items)
             step = ring.all_reduce_many(ex, items, op, self.ring_chunk(nbytes, dtype.itemsize),
-                                        step, update=update, empty=self._buffers.empty)
+                                        step, update=update, empty=self._buffers.empty,
+                                        lanes=self.lanes(nbytes))
         return step
 
     def all_gather(self, call: Call, array: np.ndarray, axis: int) -> np.ndarray:

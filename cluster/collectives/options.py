@@ -1,6 +1,7 @@
 """Communication options, mirroring ``tf.distribute.experimental.CommunicationOptions``.
 
-Process-wide choices (``CLUSTER_COLLECTIVE_PATH``, ``CLUSTER_COLLECTIVE_ALGORITHM``) are parsed
+Process-wide choices (``CLUSTER_COLLECTIVE_PATH``, ``CLUSTER_COLLECTIVE_ALGORITHM``,
+``CLUSTER_RING_LANES``) are parsed
 here from a mapping the caller passes (:meth:`CollectiveSettings.from_env`); this package never
 reads ``os.environ`` itself: ``cluster.settings`` does, once, at the edge.
 """
@@ -15,6 +16,8 @@ from typing import TypeVar
 
 __all__ = [
     "ALGORITHM_ENV",
+    "LANES_ENV",
+    "MAX_LANES",
     "PATH_ENV",
     "Algorithm",
     "CollectivePath",
@@ -22,6 +25,7 @@ __all__ = [
     "CommunicationOptions",
     "CollectiveSettings",
     "algorithm_from_env",
+    "lanes_from_env",
     "path_from_env",
 ]
 
@@ -171,22 +175,47 @@ def _choice_from_env(name: str, choices: type[_E], default: _E,
         raise ValueError(f"{name}={raw!r} is not one of: {valid} (unset it for auto)") from None
 
 
+LANES_ENV = "CLUSTER_RING_LANES"
+MAX_LANES = 2
+"""A ring all-reduce runs as one ring, or as two in opposite directions (each link's two
+directions are its two lanes): see :mod:`~cluster.collectives.lanes`."""
+
+
+def lanes_from_env(environ: Mapping[str, str]) -> int | None:
+    """The lanes forced by ``CLUSTER_RING_LANES`` (``1`` or ``2``); unset, empty or ``auto``
+    gives ``None`` (decided per host shape). Raises ``ValueError`` naming the variable for other
+    values."""
+    raw = environ.get(LANES_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw.isdigit() and 1 <= int(raw) <= MAX_LANES:
+        return int(raw)
+    raise ValueError(f"{LANES_ENV}={raw!r} is not one of: auto, 1, 2 (unset it for auto)")
+
+
 @dataclass(frozen=True)
 class CollectiveSettings:
     """Process-wide collective choices: ``path`` (``NETWORK`` keeps co-located ranks off shared
-    memory) and ``algorithm`` (forces the network all-reduce). Defaults: both ``AUTO``."""
+    memory), ``algorithm`` (forces the network all-reduce) and ``lanes`` (forces the network
+    ring's lanes, 1 or 2; ``None`` decides per host shape). Defaults: all automatic."""
 
     path: CollectivePath = CollectivePath.AUTO
     algorithm: Algorithm = Algorithm.AUTO
+    lanes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, CollectivePath):
             raise TypeError(f"path must be a CollectivePath, got {self.path!r}")
         if not isinstance(self.algorithm, Algorithm):
             raise TypeError(f"algorithm must be an Algorithm, got {self.algorithm!r}")
+        lanes = self.lanes
+        if lanes is not None and (isinstance(lanes, bool) or not isinstance(lanes, int)
+                                  or not 1 <= lanes <= MAX_LANES):
+            raise ValueError(f"lanes must be None (automatic), 1 or {MAX_LANES}, got {lanes!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CollectiveSettings:
-        """Read ``CLUSTER_COLLECTIVE_PATH`` and ``CLUSTER_COLLECTIVE_ALGORITHM`` from ``environ``;
-        ``ValueError`` naming the variable for a bad value."""
-        return cls(path_from_env(environ), algorithm_from_env(environ))
+        """Read ``CLUSTER_COLLECTIVE_PATH``, ``CLUSTER_COLLECTIVE_ALGORITHM`` and
+        ``CLUSTER_RING_LANES`` from ``environ``; ``ValueError`` naming the variable for a bad
+        value."""
+        return cls(path_from_env(environ), algorithm_from_env(environ), lanes_from_env(environ))

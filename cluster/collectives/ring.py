@@ -24,6 +24,10 @@ elementwise rule instead of returning the sum: the rank that completes a segment
 applies ``update(out_chunk, reduced_chunk)`` to that chunk of ``out`` while it is still in cache,
 and the all-gather then carries ``out``'s updated chunks, not the reduced ones. Each element's
 update runs once in the group; ``work`` only holds partial sums (scratch).
+
+With two :class:`~cluster.collectives.lanes.Lanes`, an all-reduce splits its elements in two
+halves, each all-reduced by a ring of its own on a lane thread: the first to the right, the
+second to the left (:mod:`~cluster.collectives.lanes`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from cluster.collectives import kernels
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.epilogue import Update
+from cluster.collectives.lanes import Guard, Lanes, LaneView
 from cluster.collectives.ops import ReduceOp, combine_into, finalize
 from cluster.collectives.schedule import (
     Range,
@@ -85,8 +90,10 @@ def all_reduce(
     out: np.ndarray | None = None,
     update: Update | None = None,
     empty: Empty = np.empty,
+    lanes: Lanes | None = None,
 ) -> int:
-    """Reduce across ranks into ``work`` (flat, contiguous); segments are ``bounds``.
+    """Reduce across ranks into ``work`` (flat, contiguous); segments are ``bounds`` (with one
+    lane; several ``lanes`` segment their halves evenly).
 
     The local values are ``source`` when given (same shape as ``work``; ``work`` may then hold
     anything on entry), else ``work`` itself (reduced in place). With ``update``, ``out`` (flat,
@@ -95,6 +102,9 @@ def all_reduce(
     """
     if (out is None) != (update is None):
         raise ValueError("ring.all_reduce takes out and update together")
+    if lanes is not None and lanes.count > 1:
+        return _run_lanes(ex, [RingArray(work, source, out)], op, chunk_bytes, first_step,
+                          update, empty, lanes)
     steps = ring_all_reduce(ex.rank, ex.size)
     return run_ring(ex, [RingArray(work, source, out)], bounds, steps, chunk_bytes, op=op,
                     first_step=first_step, update=update, empty=empty)
@@ -109,9 +119,11 @@ def all_reduce_many(
     *,
     update: Update | None = None,
     empty: Empty = np.empty,
+    lanes: Lanes | None = None,
 ) -> int:
-    """:func:`all_reduce` of several arrays of one dtype in one ring run, segmented as if they
-    were concatenated (with no copy). Arrays with ``out`` are updated when ``update`` is given.
+    """:func:`all_reduce` of several arrays of one dtype in one ring run (one per lane),
+    segmented as if they were concatenated (with no copy). Arrays with ``out`` are updated
+    when ``update`` is given.
 
     One run instead of one per array: each ring step then sends about ``len(arrays) / N + 1``
     messages instead of ``len(arrays)``. That is what counts where ranks outnumber cores: each
@@ -127,10 +139,54 @@ def all_reduce_many(
     dtypes = {a.work.dtype for a in arrays}
     if len(dtypes) != 1:
         raise ValueError(f"ring.all_reduce_many takes arrays of one dtype, got {dtypes}")
+    if lanes is not None and lanes.count > 1:
+        return _run_lanes(ex, arrays, op, chunk_bytes, first_step, update, empty, lanes)
     total = sum(a.work.size for a in arrays)
     steps = ring_all_reduce(ex.rank, ex.size)
     return run_ring(ex, arrays, segments(total, ex.size), steps, chunk_bytes, op=op,
                     first_step=first_step, update=update, empty=empty)
+
+
+def _run_lanes(ex: Exchange, arrays: Sequence[RingArray], op: ReduceOp, chunk_bytes: int,
+               first_step: int, update: Update | None, empty: Empty, lanes: Lanes) -> int:
+    """The all-reduce of ``arrays`` (concatenated) as ``lanes.count`` rings, each over its part
+    of the elements on a lane thread, odd lanes running the other way round. The exchange's
+    handshake goes first, alone (never piggybacked), so data starts at step 1; lane ``l`` uses
+    the ``2 (N - 1)`` steps after lane ``l - 1``'s. Returns the next unused step number."""
+    ex.begin(piggyback_send=False, piggyback_recv=False)
+    first = max(first_step, 1)  # step 0 chunk 0 is the handshake's
+    count = 2 * (ex.size - 1)  # a ring all-reduce's steps, on every rank and lane
+    jobs = []
+    for lane, part in enumerate(_lane_parts(arrays, lanes.count)):
+        def job(guard: Guard, lane: int = lane, part: list[RingArray] = part) -> int:
+            view = LaneView(ex, reverse=lane % 2 == 1, guard=guard)
+            total = sum(a.work.size for a in part)
+            return run_ring(view, part, segments(total, ex.size),
+                            ring_all_reduce(view.rank, view.size), chunk_bytes, op=op,
+                            first_step=first + lane * count, update=update, empty=empty)
+        jobs.append(job)
+    lanes.threads.run(jobs, ex.deadline)
+    return first + lanes.count * count
+
+
+def _lane_parts(arrays: Sequence[RingArray], count: int) -> list[list[RingArray]]:
+    """``arrays``' elements (as if concatenated) in ``count`` contiguous parts of even size,
+    each a list of views (a lane of tiny arrays may get none)."""
+    total = sum(a.work.size for a in arrays)
+    parts: list[list[RingArray]] = []
+    for lo, hi in segments(total, count):
+        part, start = [], 0
+        for a in arrays:
+            stop = start + a.work.size
+            p_lo, p_hi = max(lo, start) - start, min(hi, stop) - start
+            if p_hi > p_lo:
+                part.append(RingArray(
+                    a.work[p_lo:p_hi],
+                    None if a.source is None else a.source[p_lo:p_hi],
+                    None if a.out is None else a.out[p_lo:p_hi]))
+            start = stop
+        parts.append(part)
+    return parts
 
 
 def reduce_scatter(
@@ -170,7 +226,7 @@ def all_gather(
 
 
 def run_ring(
-    ex: Exchange,
+    ex: Exchange | LaneView,
     arrays: Sequence[RingArray],
     bounds: Sequence[Range],
     steps: Sequence[RingStep],
@@ -250,21 +306,22 @@ def run_ring(
                 if scratch is None:
                     scratch = empty(max(hi - lo for t in table for _, lo, hi in t),
                                     mine.dtype)
-                if i == last_combine and fused(a):  # the owner updates, the gather carries it
-                    assert update is not None
-                    target = piece(step.recv, c, "final")
-                    _combine_update(op, ex.size, mine, source, incoming, target, update,
-                                    scratch[:_SCRATCH_BYTES // mine.itemsize])
-                    mine = target
-                elif i != last_combine and forward and once:
-                    # A partial sum, dead once sent: its segment is gathered or scratch later.
-                    passing = scratch[:mine.size]
-                    combine_into(op, passing, local, incoming)
-                    mine = passing
-                else:
-                    combine_into(op, mine, local, incoming)
-                    if i == last_combine:
-                        finalize(op, mine, ex.size)
+                with ex.writing():
+                    if i == last_combine and fused(a):  # the owner updates, the gather carries
+                        assert update is not None
+                        target = piece(step.recv, c, "final")
+                        _combine_update(op, ex.size, mine, source, incoming, target, update,
+                                        scratch[:_SCRATCH_BYTES // mine.itemsize])
+                        mine = target
+                    elif i != last_combine and forward and once:
+                        # A partial sum, dead once sent: its segment is gathered or scratch later.
+                        passing = scratch[:mine.size]
+                        combine_into(op, passing, local, incoming)
+                        mine = passing
+                    else:
+                        combine_into(op, mine, local, incoming)
+                        if i == last_combine:
+                            finalize(op, mine, ex.size)
             else:
                 mine = piece(step.recv, c, "final")
                 ex.recv_into(ex.left, first_step + i, c, mine)

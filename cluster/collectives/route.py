@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import enum
 
+from cluster.collectives.cost import HostShape, ring_pipelines
+from cluster.collectives.cost import ring_lanes as lanes_by_cost
 from cluster.collectives.options import (
     Algorithm,
     CollectivePath,
@@ -42,11 +44,10 @@ __all__ = [
     "hier_config",
     "network_algorithm",
     "ring_chunk_bytes",
+    "ring_lanes",
     "shm_config",
 ]
 
-PIPELINED_MAX_RANKS = 2
-"""Above this many ranks the ring sends each segment whole (see :func:`ring_chunk_bytes`)."""
 WHOLE_SEGMENT_MAX_BYTES = 32 << 20
 """The largest whole-segment message: glibc's largest ``mmap`` threshold, so a receive buffer
 still comes from malloc's warm heap, never fresh pages."""
@@ -103,9 +104,10 @@ def network_algorithm(
     *,
     small_message_bytes: int,
     chunk_bytes: int,
+    lanes: int = 1,
 ) -> str:
-    """``"doubling"``, ``"tree"`` or ``"ring/<chunk_bytes>"`` for a network reduction of
-    ``nbytes``.
+    """``"doubling"``, ``"tree"`` or ``"ring/<chunk_bytes>"`` (``"ring/<chunk_bytes>x2"`` with
+    two ``lanes``) for a network reduction of ``nbytes``.
 
     A forced ``settings.algorithm`` wins; else ``implementation=RING`` (or ``NCCL``, which has
     no network algorithm of its own) takes the ring at every size; else messages below
@@ -129,41 +131,49 @@ def network_algorithm(
         CommunicationImplementation.NCCL,
     )
     if ring_forced or nbytes >= small_message_bytes:
-        return f"ring/{chunk_bytes}"
+        return f"ring/{chunk_bytes}" + (f"x{lanes}" if lanes > 1 else "")
     return "doubling"
 
 
 def ring_chunk_bytes(chunk_bytes: int, nbytes: int, itemsize: int, world_size: int, *,
-                     one_host: bool) -> int:
+                     shape: HostShape | None) -> int:
     """The ring's message size for a reduction of ``nbytes`` (items of ``itemsize``) among
-    ``world_size`` ranks, given the group's ``chunk_bytes``; ``one_host``: every rank of the
-    group runs on one host (the network path forced among co-located processes).
+    ``world_size`` ranks, given the group's ``chunk_bytes``; ``shape`` is the host's when every
+    rank of the group runs on one host (the network path forced among co-located processes),
+    else ``None``.
 
-    Across hosts, or up to :data:`PIPELINED_MAX_RANKS` ranks: ``chunk_bytes``, sub-chunks
-    pipelined through each step (across hosts the overlap of a chunk's reduction with the next
-    chunk's transfer is what a slow link needs). On one host beyond that, each segment travels
-    whole (up to :data:`WHOLE_SEGMENT_MAX_BYTES`), never less
-    than ``chunk_bytes``. Why: pipelining overlaps a chunk's reduction with the next chunk's
-    transfer, which pays when every rank has a core to overlap on. With more ranks than that
-    on few cores (4 processes on this 2-core machine) there is nothing to overlap with, and
-    the extra, smaller ``sendmsg`` calls cost CPU the machine does not have: at N = 4, 64 MiB,
-    measured per rank per all-reduce 57-65 ms CPU (4 MiB chunks) against 43-57 ms (one 16 MiB
-    message per step), the sending thread's share dropping from 24 to 17 ms. At N = 2 the
-    pipeline wins (38 ms against 65 ms for whole 32 MiB segments). A function of values every
-    rank holds alike, so every rank picks the same size.
+    Across hosts, or where every rank has a core (:func:`~cluster.collectives.cost.ring_pipelines`):
+    ``chunk_bytes``, sub-chunks pipelined through each step (across hosts the overlap of a
+    chunk's reduction with the next chunk's transfer is what a slow link needs). Where ranks
+    outnumber cores, each segment travels whole (up to :data:`WHOLE_SEGMENT_MAX_BYTES`), never
+    less than ``chunk_bytes``. A function of values every rank of a host holds alike, so every
+    rank picks the same size.
 
-    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 2, one_host=True) == 4 << 20
+    >>> two_cores = HostShape(cores=2, ranks=4)
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, shape=two_cores) == 16 << 20
     True
-    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, one_host=True) == 16 << 20
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, shape=HostShape(16, 4)) == 4 << 20
     True
-    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, one_host=False) == 4 << 20
+    >>> ring_chunk_bytes(4 << 20, 64 << 20, 4, 4, shape=None) == 4 << 20
     True
     """
-    if world_size <= PIPELINED_MAX_RANKS or not one_host:
+    if shape is None or ring_pipelines(shape):
         return chunk_bytes
     items = -(-nbytes // itemsize) if itemsize > 0 else nbytes
     segment = -(-items // world_size) * max(itemsize, 1)  # the largest segment, whole items
     return max(chunk_bytes, min(segment, WHOLE_SEGMENT_MAX_BYTES))
+
+
+def ring_lanes(settings: CollectiveSettings, nbytes: int, shape: HostShape | None) -> int:
+    """The lanes of a ring all-reduce of ``nbytes``: ``settings.lanes`` when forced; else, on
+    one host (``shape``), the cost model's choice
+    (:func:`~cluster.collectives.cost.ring_lanes`); across hosts one, as no rank knows the
+    other hosts' cores. A function of values every rank holds alike."""
+    if settings.lanes is not None:
+        return settings.lanes
+    if shape is None:
+        return 1
+    return lanes_by_cost(shape, nbytes)
 
 
 def algorithm_config(
@@ -173,10 +183,11 @@ def algorithm_config(
     small_message_bytes: int,
     chunk_bytes: int,
 ) -> str:
-    """Everything :func:`network_algorithm` depends on but the size, as signature text (for
-    calls that pick an algorithm per pack)."""
+    """Everything :func:`network_algorithm` and :func:`ring_lanes` depend on but the size, as
+    signature text (for calls that pick an algorithm per pack)."""
+    lanes = "auto" if settings.lanes is None else settings.lanes
     return (f"{settings.algorithm.value}/{options.implementation.value}/"
-            f"{small_message_bytes}/{chunk_bytes}")
+            f"{small_message_bytes}/{chunk_bytes}/lanes={lanes}")
 
 
 def shm_config(round_bytes: int, whole_bytes: int | None) -> str:

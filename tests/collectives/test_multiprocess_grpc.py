@@ -81,6 +81,21 @@ def test_collectives_match_numpy_and_are_bitwise_identical_across_processes(
         world: int, plane: str, collective_path: str) -> None:
     outcomes = run_group(_battery, world, timeout=100,
                          env={"CLUSTER_TOKEN": "t0k3n", "CLUSTER_DATA_PLANE": plane})
+    _check_battery(outcomes, world, collective_path)
+
+
+@pytest.mark.network_path
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_lane_ring_matches_numpy_across_processes(world: int, collective_path: str) -> None:
+    """The battery with the ring's two lanes forced (``CLUSTER_RING_LANES=2``) over TCP: lane 1
+    runs the other way round the ring, over the connections to each rank's left neighbour."""
+    outcomes = run_group(_battery, world, timeout=100,
+                         env={"CLUSTER_TOKEN": "t0k3n", "CLUSTER_DATA_PLANE": "tcp",
+                              "CLUSTER_RING_LANES": "2"})
+    _check_battery(outcomes, world, collective_path)
+
+
+def _check_battery(outcomes, world: int, collective_path: str) -> None:
     assert all(o.ok for o in outcomes), [o.traceback for o in outcomes if not o.ok]
     # On one host, the large all-reduces read each other's processes in place (cluster.
     # collectives.cma) where ranks outnumber cores, unless Yama lets a process read only its
@@ -171,9 +186,19 @@ def test_kill_9_during_all_reduce_fails_every_survivor_naming_the_dead_task(
         plane: str, collective_path: str) -> None:
     """On the shared-memory path too (co-located processes), and kill -9 leaves nothing in
     /dev/shm."""
+    _kill_9_fails_every_survivor({"CLUSTER_DATA_PLANE": plane}, collective_path)
+
+
+@pytest.mark.network_path
+def test_kill_9_mid_lane_fails_every_survivor_naming_the_dead_task(collective_path: str) -> None:
+    """With the ring's two lanes, survivors wait on both neighbours at once: both lanes end."""
+    _kill_9_fails_every_survivor({"CLUSTER_DATA_PLANE": "tcp", "CLUSTER_RING_LANES": "2"},
+                                 collective_path)
+
+
+def _kill_9_fails_every_survivor(env: dict[str, str], collective_path: str) -> None:
     before = _segments()
-    outcomes = run_group(_all_reduce_until_victim_dies, 4, args=(2,), timeout=60,
-                         env={"CLUSTER_DATA_PLANE": plane})
+    outcomes = run_group(_all_reduce_until_victim_dies, 4, args=(2,), timeout=60, env=env)
     assert outcomes[2].exitcode == -signal.SIGKILL
     for o in (outcomes[0], outcomes[1], outcomes[3]):
         assert o.ok, o.traceback

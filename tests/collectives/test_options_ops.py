@@ -7,7 +7,14 @@ import pytest
 
 from cluster.collectives import SUPPORTED_DTYPES, CommunicationImplementation, CommunicationOptions
 from cluster.collectives.ops import ReduceOp, check_reducible, finalize, reduce_into
-from cluster.collectives.options import ALGORITHM_ENV, Algorithm, algorithm_from_env
+from cluster.collectives.options import (
+    ALGORITHM_ENV,
+    LANES_ENV,
+    Algorithm,
+    CollectiveSettings,
+    algorithm_from_env,
+    lanes_from_env,
+)
 from tests._requires import require
 
 pytestmark = pytest.mark.path_independent
@@ -160,3 +167,23 @@ def test_bfloat16_when_ml_dtypes_is_present() -> None:
     reduce_into(ReduceOp.SUM, acc, np.array([0.5, 1.0], ml_dtypes.bfloat16))
     finalize(ReduceOp.MEAN, acc, 2)
     assert acc.astype(np.float32).tolist() == [1.0, 1.5]
+
+
+@pytest.mark.parametrize(("value", "lanes"), [(None, None), ("", None), ("auto", None),
+                                              (" AUTO ", None), ("1", 1), ("2", 2)])
+def test_lanes_from_env(value: str | None, lanes: int | None) -> None:
+    env = {} if value is None else {LANES_ENV: value}
+    assert lanes_from_env(env) == lanes
+    assert CollectiveSettings.from_env(env).lanes == lanes
+
+
+@pytest.mark.parametrize("value", ["0", "3", "two", "-1", "1.5"])
+def test_bad_lanes_name_the_variable_and_the_choices(value: str) -> None:
+    with pytest.raises(ValueError, match=r"CLUSTER_RING_LANES=.*auto, 1, 2"):
+        lanes_from_env({LANES_ENV: value})
+
+
+@pytest.mark.parametrize("lanes", [0, 3, True, 1.0, "2"])
+def test_collective_settings_refuse_other_lanes(lanes: object) -> None:
+    with pytest.raises(ValueError, match="lanes must be None"):
+        CollectiveSettings(lanes=lanes)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.collectives.cost import HostShape
 from cluster.collectives.options import (
     Algorithm,
     CollectivePath,
@@ -19,6 +20,7 @@ from cluster.collectives.route import (
     hier_config,
     network_algorithm,
     ring_chunk_bytes,
+    ring_lanes,
     shm_config,
 )
 from cluster.collectives.topology import Topology
@@ -139,11 +141,14 @@ def test_network_algorithm_with_no_small_messages_always_rings() -> None:
 MIB = 1 << 20
 
 
+TWO_CORES, SIXTEEN_CORES = 2, 16
+
+
 @pytest.mark.parametrize(
     ("nbytes", "itemsize", "world_size", "expected"),
     [
         (64 * MIB, 4, 2, CHUNK),  # two ranks: pipelined sub-chunks
-        (64 * MIB, 4, 4, 16 * MIB),  # more ranks: each segment whole
+        (64 * MIB, 4, 4, 16 * MIB),  # more ranks than cores: each segment whole
         (64 * MIB, 4, 3, 22369624),  # the largest segment, whole float32 items
         (1 * MIB, 4, 4, CHUNK),  # never below the group's chunk size
         (1 << 30, 4, 4, 32 * MIB),  # capped where malloc's heap ends
@@ -151,15 +156,57 @@ MIB = 1 << 20
         (0, 4, 4, CHUNK),
     ],
 )
-def test_ring_chunk_bytes_table(nbytes: int, itemsize: int, world_size: int,
-                                expected: int) -> None:
-    got = ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=True)
+def test_ring_chunk_bytes_table_on_two_cores(nbytes: int, itemsize: int, world_size: int,
+                                             expected: int) -> None:
+    got = ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size,
+                           shape=HostShape(TWO_CORES, world_size))
     assert got == expected
     # Across hosts the ring always pipelines sub-chunks (a slow link needs the overlap).
-    assert ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, one_host=False) == CHUNK
+    assert ring_chunk_bytes(CHUNK, nbytes, itemsize, world_size, shape=None) == CHUNK
     if world_size > 2 and nbytes <= 32 * MIB * world_size:
         # One message per segment: every segment of segments() fits in one chunk.
         assert got >= -(-nbytes // itemsize // world_size) * itemsize
+
+
+@pytest.mark.parametrize(("world_size", "expected"),
+                         [(2, CHUNK), (4, CHUNK), (8, CHUNK), (16, CHUNK), (32, 2 * MIB * 4)])
+def test_ring_chunk_bytes_on_sixteen_cores_pipelines_while_every_rank_has_a_core(
+        world_size: int, expected: int) -> None:
+    # 256 MiB of float32: at 32 ranks (two per core) each 8 MiB segment travels whole.
+    got = ring_chunk_bytes(CHUNK, 256 * MIB, 4, world_size,
+                           shape=HostShape(SIXTEEN_CORES, world_size))
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("cores", "world_size", "nbytes", "expected"),
+    [
+        # Two cores: every thread waits for a core, a second lane only adds work.
+        (TWO_CORES, 2, 64 * MIB, 1),
+        (TWO_CORES, 4, 64 * MIB, 1),
+        # Sixteen cores: a rank's cores to spare take a second lane for large messages.
+        (SIXTEEN_CORES, 2, 64 * MIB, 2),
+        (SIXTEEN_CORES, 4, 64 * MIB, 2),
+        (SIXTEEN_CORES, 8, 64 * MIB, 2),
+        (SIXTEEN_CORES, 4, 64 << 10, 1),  # small: the hand-off costs more than it saves
+        (SIXTEEN_CORES, 16, 64 * MIB, 1),  # a core per rank: its threads fill it already
+        (SIXTEEN_CORES, 32, 64 * MIB, 1),
+    ],
+)
+def test_ring_lanes_by_host_shape(cores: int, world_size: int, nbytes: int,
+                                  expected: int) -> None:
+    shape = HostShape(cores, world_size)
+    assert ring_lanes(CollectiveSettings(), nbytes, shape) == expected
+    assert ring_lanes(CollectiveSettings(lanes=1), nbytes, shape) == 1  # forced
+    assert ring_lanes(CollectiveSettings(lanes=2), nbytes, shape) == 2
+    assert ring_lanes(CollectiveSettings(), nbytes, None) == 1  # across hosts: one lane
+
+
+def test_network_algorithm_names_its_lanes() -> None:
+    assert network_algorithm(AUTO, DEFAULT, 1 << 30, small_message_bytes=SMALL,
+                             chunk_bytes=CHUNK, lanes=2) == f"ring/{CHUNK}x2"
+    assert network_algorithm(AUTO, DEFAULT, 10, small_message_bytes=SMALL,
+                             chunk_bytes=CHUNK, lanes=2) == "doubling"
 
 
 # -- signature text ------------------------------------------------------------------------------
@@ -168,9 +215,10 @@ def test_ring_chunk_bytes_table(nbytes: int, itemsize: int, world_size: int,
 @pytest.mark.parametrize(
     ("settings", "options", "expected"),
     [
-        (AUTO, DEFAULT, f"auto/AUTO/{SMALL}/{CHUNK}"),
-        (FORCED_RING, RING, f"ring/RING/{SMALL}/{CHUNK}"),
-        (FORCED_DOUBLING, NCCL, f"doubling/NCCL/{SMALL}/{CHUNK}"),
+        (AUTO, DEFAULT, f"auto/AUTO/{SMALL}/{CHUNK}/lanes=auto"),
+        (FORCED_RING, RING, f"ring/RING/{SMALL}/{CHUNK}/lanes=auto"),
+        (FORCED_DOUBLING, NCCL, f"doubling/NCCL/{SMALL}/{CHUNK}/lanes=auto"),
+        (CollectiveSettings(lanes=2), DEFAULT, f"auto/AUTO/{SMALL}/{CHUNK}/lanes=2"),
     ],
 )
 def test_algorithm_config_names_every_input_but_the_size(
