@@ -176,9 +176,10 @@ def busiest_per_iteration(cpu: Counter[int], iters: int) -> tuple[str, float] | 
 
 
 class Medians(NamedTuple):
-    """One column's figures at one size: the slowest rank's wall seconds, the CPU seconds of all
-    ranks together, and the busiest thread's CPU seconds (the most of any rank's) with its name,
-    medians over the timed iterations (CPU and thread ``None`` where not measured)."""
+    """One column's figures at one size, over the timed iterations: the median of the slowest
+    rank's wall seconds, the median of the CPU seconds of all ranks together, and the busiest
+    thread's CPU seconds per iteration (its total over their count; the most of any rank's)
+    with its name (CPU and thread ``None`` where not measured)."""
 
     wall: float
     cpu: float | None = None
@@ -477,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = {v: None if r is None else median_of_rounds(r, sizes) for v, r in runs.items()}
         gloo = median_of_rounds(gloo_runs, sizes) if gloo_runs else None
         for size in sizes:
-            g, g_cpu, g_thread, _ = gloo[size] if gloo else Medians(None)
+            g, g_cpu, g_thread, _ = gloo[size] if gloo else (None,) * 4
             row = {"n": n, "bytes": size, "gloo_s": g,
                    "gloo_busbw": busbw(size, n, g) if g else None,
                    "gloo_cpu": per_byte(g_cpu, size),
