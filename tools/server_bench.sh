@@ -9,7 +9,9 @@
 #
 # Sections (each prints the machine: cores, CPU model, cores per rank):
 #   1. bench/allreduce.py: N = 2, 4, 8 at 4 KiB and 64 MiB, shared memory (shm) and the network
-#      path (tcp) beside gloo, medians of 3 rounds (fresh processes each), with CPU per byte.
+#      path (tcp) beside gloo, medians of 3 rounds (fresh processes each), with CPU per byte and
+#      the busiest thread's CPU per byte; the network path twice, with the lanes it picks
+#      (auto) and with one lane (--lanes auto,1), so the lanes' gain shows beside the one ring.
 #   2. bench/strategy.py: apply_gradients over ResNet-50's and BERT-base's gradient shapes
 #      against DDP-gloo, both paths, N = 2, 4, 8.
 #   3. bench/torch_ddp.py: cluster.torch training of the 10M CNN against DDP, N = 2, 4, 8.
@@ -50,7 +52,10 @@ else
 fi
 
 commands=(
-    "server-allreduce|bench/allreduce.py ${allreduce[*]} --paths shm,tcp --no-model"
+    # The one-lane column adds 9 launches (3 N x 3 rounds) of a few seconds each (process start
+    # dominates; 13 all-reduces of 64 MiB take about a second): estimated +40 s, this section
+    # about 3 minutes of the 8.
+    "server-allreduce|bench/allreduce.py ${allreduce[*]} --paths shm,tcp --lanes auto,1 --no-model"
     "server-strategy|bench/strategy.py ${strategy[*]} --paths shm,network"
     "server-torch_ddp|bench/torch_ddp.py ${torch_ddp[*]} --paths shm,network"
 )

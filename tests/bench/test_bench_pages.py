@@ -221,16 +221,21 @@ def _png_chunk_types(data: bytes) -> set[bytes]:
 def test_allreduce_rows_become_a_table_of_the_schema():
     bench = _load("bench_allreduce", REPO / "bench" / "allreduce.py")
     rows = [{"n": 2, "bytes": 4096, "gloo_s": 0.002, "gloo_busbw": 0.002, "gloo_cpu": 976.5625,
-             "shm_s": 0.001, "shm_busbw": 0.004, "shm_cpu": 48.828125, "shm_ratio": 2.0},
+             "gloo_thread_cpu": 732.421875, "shm_s": 0.001, "shm_busbw": 0.004,
+             "shm_cpu": 48.828125, "shm_thread_cpu": 24.4140625, "shm_ratio": 2.0},
             {"n": 2, "bytes": 64 << 20, "gloo_s": None, "gloo_busbw": None, "shm_s": None}]
     table = bench.result_table(rows, ["shm"])
     assert [c.name for c in table.columns] == ["N", "cores/rank", "size", "gloo", "gloo busbw",
-                                               "gloo CPU", "shm", "shm busbw", "shm CPU",
+                                               "gloo CPU", "gloo thread CPU", "shm",
+                                               "shm busbw", "shm CPU", "shm thread CPU",
                                                "shm x gloo"]
     assert table.columns[table.column("shm CPU")].unit == "ns/B"
+    assert table.columns[table.column("shm thread CPU")].unit == "ns/B"
     here = round((os.cpu_count() or 1) / 2, 2)
-    assert table.rows == ((2, here, "4 KiB", 2.0, 0.0, 976.5625, 1.0, 0.0, 48.8281, 2.0),
-                          (2, here, "64 MiB", None, None, None, None, None, None, None))
+    assert table.rows == ((2, here, "4 KiB", 2.0, 0.0, 976.5625, 732.4219, 1.0, 0.0, 48.8281,
+                           24.4141, 2.0),
+                          (2, here, "64 MiB", None, None, None, None, None, None, None, None,
+                           None))
     assert bench.per_byte(0.004, 4096) == pytest.approx(976.5625)
     assert bench.per_byte(None, 4096) is None
     assert bench.result_figures(rows[:1], ["shm"]) == [Figure("shm 4 KiB N=2", 2.0, "x")]
