@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from cluster.collectives.arena import Arena
+from cluster.collectives.lanes import LaneThreads
 from cluster.errors import CollectiveTimeoutError, PeerUnavailableError
 from cluster.timeline import describe
 from cluster.transport._mailbox import Mailbox
@@ -138,7 +139,8 @@ def watch(call: Any, group: str, transport: Any, value: Any = None) -> _Watch:
 
 def waiting_for(thread: int) -> str | None:
     """The peer the thread ``thread`` waits for now, from the frame of the wait it sits in
-    (a mailbox's ``get`` or an arena's ``wait``); ``None`` if it sits in neither.
+    (a mailbox's ``get`` or an arena's ``wait``; while it waits for a ring's lanes, the first
+    of its lane threads' answers); ``None`` if it sits in none.
 
     Reads another thread's frame locals: only when a warning is due, never on the fast path.
     """
@@ -152,6 +154,9 @@ def waiting_for(thread: int) -> str | None:
             if code is Mailbox.get.__code__:
                 local = frame.f_locals
                 return local["self"].describe_peer(local["src"])
+            if code is LaneThreads.run.__code__:
+                lanes = (waiting_for(i) for i in frame.f_locals["idents"] if i is not None)
+                return next((peer for peer in lanes if peer is not None), None)
         except (KeyError, IndexError, AttributeError):  # the frame is mid-way: no answer
             return None
         frame = frame.f_back

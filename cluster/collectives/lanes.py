@@ -42,6 +42,10 @@ IDLE_SECONDS = 5.0
 """A lane thread with no work for this long ends (one is started again when needed), so a
 group that is dropped without being closed leaves no thread behind for long."""
 
+LATE_SECONDS = 0.5
+"""How long past the deadline a call waits for its lanes' own timeout errors, which name the
+peer each lane waits for."""
+
 Job = Callable[["Guard"], int]
 """One lane's work: given its call's guard, returns the next unused message step."""
 
@@ -144,6 +148,10 @@ class _Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
     def give(self, job: Job, run: _Run, lane: int) -> None:
         """Hand over a job (the owner's lock held, this worker idle and alive)."""
         self._job = (job, run, lane)
@@ -188,6 +196,7 @@ class LaneThreads:
         """Run every job on a lane thread of its own; their results, in order (see the module
         doc for errors and the deadline)."""
         run = _Run(len(jobs))
+        idents: list[int | None] = []  # the lanes' threads: where a stall warning looks
         with self.lock:
             idle = [w for w in self._workers if w.alive and not w.busy]
             for lane, job in enumerate(jobs):
@@ -197,13 +206,20 @@ class LaneThreads:
                     worker = _Worker(self, f"{self._name}-lane")
                     self._workers.append(worker)
                 worker.give(job, run, lane)
+                idents.append(worker.ident)
         try:
             with run.cond:
                 while run.left and run.error is None:
                     if deadline.expired:
-                        raise CollectiveTimeoutError(
-                            f"{len(jobs)} lane(s) of a ring all-reduce: {run.left} still "
-                            "running at the deadline")
+                        # The lanes wait under the same deadline, and their errors say whom
+                        # they wait for: a moment for theirs before raising a vaguer one.
+                        run.cond.wait_for(lambda: run.error is not None or not run.left,
+                                          LATE_SECONDS)
+                        if run.error is None and run.left:
+                            raise CollectiveTimeoutError(
+                                f"{len(jobs)} lane(s) of a ring all-reduce: {run.left} still "
+                                "running at the deadline")
+                        break
                     run.cond.wait(deadline.timeout())
                 if run.error is not None:
                     raise run.error

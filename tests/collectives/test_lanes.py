@@ -4,13 +4,14 @@ at once, the deadline, no write after the call ended, reuse, idle exit)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from cluster.collectives import CommunicationOptions
+from cluster.collectives import CommunicationOptions, _stall
 from cluster.collectives import lanes as lanes_module
 from cluster.collectives._engine import SETUP_SEQ
 from cluster.collectives.lanes import Guard, LaneCancelledError, LaneThreads
@@ -244,3 +245,22 @@ def test_lane_threads_are_reused_then_end_when_idle(monkeypatch: pytest.MonkeyPa
         assert time.monotonic() < deadline, "idle lane threads did not end"
         time.sleep(0.05)
     assert threads.run([who], Deadline.after(5)) == [5]  # and start again when needed
+
+
+def test_a_stalled_two_lane_all_reduce_names_the_missing_rank(caplog) -> None:
+    """The caller waits for its lanes, not in a mailbox: the stall warning and the timeout look
+    at the lanes' waits and name the rank that never called."""
+    caplog.set_level(logging.WARNING, "cluster.collectives")
+    previous = _stall.set_threshold(0.2)
+    try:
+        hub, groups = _groups(2, small_message_bytes=0)
+        run_ranks(lambda r: groups[r].all_reduce(np.ones(4, np.float32)), 2)  # both call #0
+        with pytest.raises(CollectiveTimeoutError) as failure:
+            groups[0].all_reduce(np.ones(100_000, np.float32),
+                                 options=CommunicationOptions(timeout_seconds=1.5))
+    finally:
+        _stall.set_threshold(previous)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "cluster.collectives" and r.levelno == logging.WARNING]
+    assert any("all_reduce #1" in w and "for worker:1" in w for w in warnings), warnings
+    assert "worker:1" in str(failure.value)
