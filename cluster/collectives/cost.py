@@ -36,8 +36,9 @@ each rank's threads and what each of them moves).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from cluster.collectives.cores import host_cores
 
 __all__ = [
     "ALGORITHMS",
@@ -109,9 +110,10 @@ def _check(algorithm: str, n: int) -> None:
 
 @dataclass(frozen=True)
 class HostShape:
-    """``ranks`` co-located ranks sharing a host's ``cores`` (``os.cpu_count()``: the same on
-    every rank of a host, so every rank takes the same decisions; an affinity mask, which may
-    differ per rank, must not decide an algorithm)."""
+    """``ranks`` co-located ranks sharing a host's ``cores`` (:func:`~cluster.collectives.cores.
+    host_cores`: the machine's, capped by a CPU quota; the same on every rank of a host, so
+    every rank takes the same decisions; an affinity mask, which may differ per rank, must not
+    decide an algorithm)."""
 
     cores: int
     ranks: int
@@ -125,7 +127,7 @@ class HostShape:
     @classmethod
     def here(cls, ranks: int) -> HostShape:
         """``ranks`` co-located ranks on this machine's cores."""
-        return cls(os.cpu_count() or 1, ranks)
+        return cls(host_cores(), ranks)
 
     @property
     def cores_per_rank(self) -> float:

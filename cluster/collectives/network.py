@@ -104,8 +104,8 @@ class NetworkCollectives:
 
     def algorithm_config(self, options: CommunicationOptions) -> str:
         """:func:`~cluster.collectives.route.algorithm_config` with this group's sizes."""
-        return algorithm_config(self._settings, options,
-                                small_message_bytes=self._small, chunk_bytes=self._chunk)
+        return algorithm_config(self._settings, options, small_message_bytes=self._small,
+                                chunk_bytes=self._chunk, shape=self._shape)
 
     def exchange(self, call: Call, signature: str) -> Exchange:
         """The exchange of ``call`` among all ranks, under ``signature``."""

@@ -182,12 +182,15 @@ def algorithm_config(
     *,
     small_message_bytes: int,
     chunk_bytes: int,
+    shape: HostShape | None = None,
 ) -> str:
-    """Everything :func:`network_algorithm` and :func:`ring_lanes` depend on but the size, as
-    signature text (for calls that pick an algorithm per pack)."""
+    """Everything :func:`network_algorithm`, :func:`ring_chunk_bytes` and :func:`ring_lanes`
+    depend on but the size, as signature text (for calls that pick an algorithm per pack):
+    ranks that would decide differently fail with a mismatch instead of waiting."""
     lanes = "auto" if settings.lanes is None else settings.lanes
+    cores = "" if shape is None else f"/cores={shape.cores}"
     return (f"{settings.algorithm.value}/{options.implementation.value}/"
-            f"{small_message_bytes}/{chunk_bytes}/lanes={lanes}")
+            f"{small_message_bytes}/{chunk_bytes}/lanes={lanes}{cores}")
 
 
 def shm_config(round_bytes: int, whole_bytes: int | None) -> str:

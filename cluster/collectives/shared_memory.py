@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 
 import numpy as np
 
 from cluster.collectives import cma, cost, kernels
 from cluster.collectives.arena import Arena, progress
+from cluster.collectives.cores import host_cores
 from cluster.collectives.epilogue import Update
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import Range, segments
@@ -90,9 +90,9 @@ decision depends on the host's shape alone, not on a group's tuning."""
 
 
 def _shape(local_size: int, cpus: int | None) -> cost.HostShape:
-    """``local_size`` ranks on ``cpus`` cores, this machine's by default (``os.cpu_count()``,
-    the same on every rank of a host, unlike an affinity mask)."""
-    return cost.HostShape(cpus if cpus is not None else os.cpu_count() or 1, local_size)
+    """``local_size`` ranks on ``cpus`` cores, this host's by default (:func:`~cluster.
+    collectives.cores.host_cores`, the same on every rank of a host, unlike an affinity mask)."""
+    return cost.HostShape(cpus if cpus is not None else host_cores(), local_size)
 
 
 class SharedMemoryCollectives:

@@ -32,6 +32,8 @@ import secrets
 import socket
 import sys
 
+from cluster.collectives.cores import host_cores
+
 __all__ = [
     "SHM_DIR",
     "Segment",
@@ -101,8 +103,10 @@ def host_key(host_id: str = "") -> bytes:
     ``host_id`` splits one machine into several logical hosts (tests of multi-host layouts); it
     can never join two machines.
     """
+    # The host's cores (a CPU quota may cap them) too: every rank of a host decides its
+    # algorithms from them, so ranks that see different counts must not share memory.
     parts = [_read("/proc/sys/kernel/random/boot_id"), socket.gethostname(), str(os.getuid()),
-             host_id]
+             host_id, str(host_cores())]
     try:
         st = os.stat(SHM_DIR)
         parts.append(f"{st.st_dev}:{st.st_ino}")
