@@ -211,7 +211,7 @@ class Stream:
             raise self.error
         timeout = deadline.timeout()
         if timeout is not None and timeout <= 0:
-            raise timed_out(self.peer, key)
+            raise _timed_out(self.peer, key)
         sock = self.sock
         try:
             sock.settimeout(timeout)
@@ -230,7 +230,7 @@ class Stream:
                 sock.sendall(payload[sent - len(header):])
         except TimeoutError as e:
             # Part of a frame may be on the wire: the stream is unusable from here on.
-            self.error = timed_out(self.peer, key)
+            self.error = _timed_out(self.peer, key)
             raise self.error from e
         except OSError as e:
             if closing.is_set():
@@ -260,7 +260,7 @@ class Stream:
         self.sock.close()
 
 
-def timed_out(peer: PeerInfo, key: MessageKey) -> CollectiveTimeoutError:
+def _timed_out(peer: PeerInfo, key: MessageKey) -> CollectiveTimeoutError:
     return CollectiveTimeoutError(
         f"sending to {peer} for collective #{key.seq} of group {key.group!r}: peer not "
         "receiving before the deadline")
@@ -319,7 +319,7 @@ class Streams:
                         return stream
                     timeout = deadline.timeout()
                     if timeout is not None and timeout <= 0:
-                        raise timed_out(self.peer, key)
+                        raise _timed_out(self.peer, key)
                     self._cond.wait(timeout)
             finally:
                 self._waiting -= 1

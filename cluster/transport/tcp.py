@@ -367,10 +367,12 @@ class TcpDataPlane:
         size = wire.FRAME.size
         try:
             h = wire.decode_header(reader.take(size))
-        except EOFError:
+        except (EOFError, OSError):
             if stream == 0:
                 raise
-            return None  # its connector gave up on it after the handshake: nothing is missing
+            # Its connector gave up on it after the handshake (closing it with our proof
+            # unread, which resets it): nothing was sent on it, nothing is missing.
+            return None
         while True:
             if h.kind == wire.BYE:
                 return bytes(reader.take(h.group_len)).decode("utf-8", "replace")

@@ -9,6 +9,7 @@ that breaks without one is a lost peer.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 
@@ -303,13 +304,16 @@ def test_a_stream_that_breaks_without_goodbye_is_a_lost_peer(pair) -> None:
     assert inbox.departed == []
 
 
-def test_a_second_stream_abandoned_before_its_first_frame_is_no_loss() -> None:
+@pytest.mark.parametrize("how", ["closed", "reset"])
+def test_a_second_stream_abandoned_before_its_first_frame_is_no_loss(how) -> None:
     inbox = _Inbox()
     acceptor = _plane(1, inbox)
     try:
         s0, _ = _dial(acceptor.port, b"k", 0)
         s1, answer = _dial(acceptor.port, b"k", 1)
         assert answer.startswith(wire.MAGIC)
+        if how == "reset":  # as a close with the proof still unread ends it
+            s1.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s1.close()  # its connector gave up on it (say, its own deadline passed)
         deadline = Deadline.after(10)
         while True:
@@ -353,7 +357,7 @@ def test_a_two_lane_ring_at_two_ranks_sends_on_two_streams_each_way() -> None:
         for _ in range(5):
             results: list[object] = [None, None]
 
-            def run(r: int) -> None:
+            def run(r: int, results: list[object] = results) -> None:
                 try:
                     results[r] = groups[r].all_reduce(inputs[r])
                 except Exception as e:  # asserted below
