@@ -340,9 +340,14 @@ class Streams:
                             self.peer, index)
         except (_Dropped, OSError, EOFError, ClusterError) as e:
             # A stream more is an optimisation: the frame waits for an open one instead.
-            log.debug("%s: no data connection #%d to %s (%s: %s); using %d for the next %.0f s",
-                      self._dialer.me, index, self.peer, type(e).__name__, e, index,
+            log.debug("%s: no data connection #%d to %s (%s: %s); sending on %d for the next "
+                      "%.0f s", self._dialer.me, index, self.peer, type(e).__name__, e, index,
                       RETRY_SECONDS)
+        except BaseException:
+            with self._cond:
+                self._opening = False
+                self._cond.notify_all()
+            raise
         with self._cond:
             self._opening = False
             ended = self._ended
