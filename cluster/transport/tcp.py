@@ -4,20 +4,24 @@ gRPC stays the control plane (Hello, heartbeats, Abort: all authenticated by the
 interceptor); this module only moves payloads, because bare grpcio tops out near 1 GB/s per
 direction here while a plain socket does ~3-4 GB/s (``bench/allreduce.py --planes``). Each rank
 listens on one extra port, bound where its gRPC server is bound (``TaskServer.bind_host``) and
-advertised to peers in the authenticated Hello reply. Each rank opens one connection to each peer
-it sends to (one per direction) and authenticates it with the challenge-response of
-:mod:`~cluster.transport._tcp_protocol` before any frame is read.
+advertised to peers in the authenticated Hello reply. Each rank opens its own connections to each
+peer it sends to (so one set per direction): one when the route opens, and a second one (its
+*streams*, at most ``MAX_STREAMS``) when two threads send large frames to that peer at once
+(:mod:`~cluster.transport._tcp_outbound`). Every connection is authenticated with the
+challenge-response of :mod:`~cluster.transport._tcp_protocol`, which names its stream, before any
+frame is read.
 
-Data path, chosen for this 2-core machine:
+Data path:
 
 - ``send`` writes header and payload straight from the caller's buffer with ``sendmsg`` in the
-  caller's thread (no copy, no hand-off to a sender thread); it returns when the kernel holds
-  the bytes, so the buffer may be reused, as the Transport contract asks. Deadlines bound it
-  through the socket timeout.
+  caller's thread (no copy, no hand-off to a sender thread), on a stream no other thread is
+  writing to; it returns when the kernel holds the bytes, so the buffer may be reused, as the
+  Transport contract asks. Deadlines bound it through the socket timeout.
 - One receiver thread per inbound connection always drains its socket (so two ranks sending to
   each other at once can never deadlock on full socket buffers), reading small frames through a
   staging buffer (one ``recv`` for header and payload) and large payloads with ``recv_into``
-  straight into a fresh uninitialised buffer, then files them in the mailbox.
+  straight into a fresh uninitialised buffer (or the buffer the receiver offered), then files
+  them in the mailbox. Two streams from one peer are drained by two threads at once.
 
 Handshakes, which strangers can start, are bounded three ways so that no one can keep a real
 peer out. Each has one deadline (``HANDSHAKE_TIMEOUT`` from accept, passed down to every read,
@@ -31,9 +35,13 @@ that go, and a flood from one source never evicts a peer from another unless the
 more addresses than there are slots. A connector whose connection is closed before the
 acceptor answered retries within its deadline: that is a busy or departing peer, never a wrong
 token (see :mod:`~cluster.transport._tcp_protocol` for the refusal reasons it can tell apart).
+The acceptor holds one connection per (source rank, stream).
 
 Failure: a connection that ends without a goodbye frame (process killed, reset) reports the peer
-lost; a goodbye reports it departed; a failed send raises ``PeerUnavailableError`` naming it.
+lost, except a second stream that ends before its first frame (its connector gave up on it
+mid-handshake: nothing was sent on it, nothing is missing). A peer has *departed* once every
+connection it opened has ended with its goodbye, so a frame still arriving on one stream is
+delivered whatever the other says. A failed send raises ``PeerUnavailableError`` naming the peer.
 """
 
 from __future__ import annotations
@@ -48,114 +56,27 @@ from collections.abc import Callable
 import numpy as np
 
 from cluster.deadline import Deadline
-from cluster.errors import (
-    ClusterError,
-    ClusterSpecMismatchError,
-    CollectiveTimeoutError,
-    PeerUnavailableError,
-    TransportClosedError,
-    UnauthenticatedError,
-)
 from cluster.transport import _tcp_protocol as wire
 from cluster.transport import _tcp_tls
 from cluster.transport._sockio import Reader, recv_exact, send_all, shutdown, tune
 from cluster.transport._tcp_admission import evictee, source_key
+from cluster.transport._tcp_outbound import (
+    MAX_STREAMS,
+    SMALL_PAYLOAD,
+    Dialer,
+    HandshakeDroppedError,
+    Streams,
+)
 from cluster.transport.api import MessageKey, PeerInfo, Received
 from cluster.transport.names import listen
 
-__all__ = ["HandshakeDroppedError", "TcpDataPlane"]
+__all__ = ["MAX_STREAMS", "HandshakeDroppedError", "TcpDataPlane"]
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 5.0  # an accepted connection that has not proven itself by then is dropped
 MAX_PENDING_HANDSHAKES = 64  # handshakes in progress at once (one thread each)
 MAX_PENDING_PER_SOURCE = 16  # of which one source address (an IPv6 /64) may hold at most
-_SMALL_PAYLOAD = 64 << 10  # at most this: copied out of the staging buffer / sent in one write
-
-
-class HandshakeDroppedError(ConnectionError):
-    """The peer's data port kept closing this rank's connection before answering its handshake,
-    until the deadline: the peer is busy (its pending-handshake slots taken) or going away.
-
-    Transient, and never a sign of a wrong token. An ``OSError``, so callers treat it like an
-    unreachable port.
-    """
-
-
-class _Dropped(Exception):
-    """One connection attempt ended before the acceptor answered (or with a transient refusal);
-    the connector may try again."""
-
-
-class _Outbound:
-    """This rank's connection to one peer; ``send`` holds its lock so frames never interleave."""
-
-    def __init__(self, sock: socket.socket, peer: PeerInfo) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.lock = threading.Lock()
-        self.error: ClusterError | None = None
-        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg: two writes instead
-
-    def send(self, header: bytes, payload: bytes | memoryview, deadline: Deadline,
-             key: MessageKey, closing: threading.Event) -> None:
-        with self.lock:
-            if self.error is not None:
-                raise self.error
-            timeout = deadline.timeout()
-            if timeout is not None and timeout <= 0:
-                raise self._timeout(key)
-            sock = self.sock
-            try:
-                sock.settimeout(timeout)
-                if len(payload) <= _SMALL_PAYLOAD:
-                    sock.sendall(header + payload)  # one small copy beats a second syscall
-                    return
-                if self.tls:  # ssl encrypts into its own records anyway
-                    sock.sendall(header)
-                    sock.sendall(payload)
-                    return
-                sent = sock.sendmsg((header, payload))
-                if sent < len(header):
-                    sock.sendall(header[sent:])
-                    sent = len(header)
-                if sent - len(header) < len(payload):
-                    sock.sendall(payload[sent - len(header):])
-            except TimeoutError as e:
-                # Part of a frame may be on the wire: the stream is unusable from here on.
-                self.error = self._timeout(key)
-                raise self.error from e
-            except OSError as e:
-                if closing.is_set():
-                    self.error = TransportClosedError(f"connection to {self.peer} is closed")
-                else:
-                    self.error = PeerUnavailableError(
-                        f"{self.peer} unreachable: its data connection failed while sending "
-                        f"collective #{key.seq} of group {key.group!r}: {e}",
-                        task=self.peer.task, address=self.peer.address)
-                raise self.error from e
-
-    def _timeout(self, key: MessageKey) -> CollectiveTimeoutError:
-        return CollectiveTimeoutError(
-            f"sending to {self.peer} for collective #{key.seq} of group {key.group!r}: peer not "
-            "receiving before the deadline")
-
-    def goodbye(self, deadline: Deadline, lost: str = "") -> None:
-        """Send the goodbye frame (if the stream is whole) and close, within ``deadline``;
-        ``lost`` names the task this rank is leaving because of, if any."""
-        if self.lock.acquire(timeout=min(deadline.remaining(), 1.0)):
-            try:
-                if self.error is None:
-                    self.sock.settimeout(max(min(deadline.remaining(), 1.0), 0.01))
-                    self.sock.sendall(wire.encode_header(wire.BYE, lost.encode(), b"", 0, 0, 0,
-                                                         0))
-                    self.error = TransportClosedError(f"connection to {self.peer} is closed")
-            except OSError:
-                pass  # a peer that is gone needs no goodbye
-            finally:
-                self.lock.release()
-        shutdown(self.sock)
-        self.sock.close()
 
 
 class _Refused(Exception):
@@ -168,15 +89,16 @@ class _Refused(Exception):
 
 
 class TcpDataPlane:
-    """One rank's TCP data connections: a listener for inbound ones, one outbound per peer.
+    """One rank's TCP data connections: a listener for inbound ones, up to ``MAX_STREAMS``
+    outbound per peer.
 
     A :class:`~cluster.transport.dataplane.DataPlane`; ``port`` is the listener's port, which
     the rank advertises in its authenticated Hello reply, and :meth:`connect` opens a route.
 
     ``on_message(src, key, received)`` files a delivered message; ``on_lost(src, why)`` and
-    ``on_departed(src, lost)`` report an inbound connection that broke or said goodbye (``lost``:
-    the task the peer named as the reason it left, or ""). Callbacks run
-    on receiver threads.
+    ``on_departed(src, lost)`` report an inbound connection that broke, or the last of a peer's
+    connections ending with its goodbye (``lost``: the task the peer named as the reason it left,
+    or ""). Callbacks run on receiver threads.
     """
 
     name = "tcp"
@@ -202,9 +124,13 @@ class TcpDataPlane:
         self._on_lost = on_lost
         self._on_departed = on_departed
         self._closing = threading.Event()
+        self._dialer = Dialer(me, len(peers), key, tls, self._closing)
         self._lock = threading.Lock()
-        self._outbound: dict[int, _Outbound] = {}
-        self._inbound: dict[int, socket.socket] = {}
+        self._outbound: dict[int, Streams] = {}
+        # Inbound connections past their handshake, by (source rank, stream); and the goodbyes
+        # of peers with a connection still open (the task each named, or ""), not yet reported.
+        self._inbound: dict[tuple[int, int], socket.socket] = {}
+        self._farewells: dict[int, str] = {}
         self._accepted: set[socket.socket] = set()
         # Handshakes in progress, oldest first, with the source each is charged to.
         self._pending: dict[socket.socket, str] = {}
@@ -223,108 +149,12 @@ class TcpDataPlane:
     # -- outbound --------------------------------------------------------------------------------
 
     def connect(self, peer: PeerInfo, host: str, port: int, deadline: Deadline) -> None:
-        """Open and authenticate this rank's connection to ``peer``'s data port, by ``deadline``.
-
-        A connection the peer closes before answering (its handshake slots are busy, it is going
-        away) is retried with backoff until the deadline. Raises ``OSError`` when the port
-        cannot be reached (the caller may fall back to gRPC): ``HandshakeDroppedError`` when
-        every attempt was dropped unanswered, ``TimeoutError`` when the deadline passed
-        mid-handshake; ``UnauthenticatedError`` when the peer refuses this rank's proof of the
-        token or fails to prove its own; ``ClusterSpecMismatchError`` when it sees another group.
-        """
-        backoff, attempts, last = 0.02, 0, ""
-        while True:
-            attempts += 1
-            try:
-                sock = self._attempt(peer, host, port, deadline)
-                break
-            except _Dropped as e:
-                last = str(e)
-                if deadline.expired or self._closing.is_set():
-                    raise self._dropped(peer, host, port, attempts, last) from e
-                log.debug("%s: %s's data port dropped handshake #%d (%s); retrying",
-                          self._me, peer, attempts, e)
-                self._closing.wait(min(backoff, deadline.remaining()))
-                backoff = min(backoff * 2, 0.5)
-            except TimeoutError as e:
-                if attempts == 1:
-                    raise
-                # The deadline ran out in a retry: the drops before it are the story.
-                raise self._dropped(peer, host, port, attempts - 1, last) from e
+        """Open and authenticate this rank's first connection to ``peer``'s data port, by
+        ``deadline`` (see :meth:`~cluster.transport._tcp_outbound.Dialer.connect` for what it
+        raises); :meth:`send` opens a second one when it pays."""
+        sock = self._dialer.connect(peer, host, port, deadline)
         with self._lock:
-            self._outbound[peer.rank] = _Outbound(sock, peer)
-
-    def _dropped(self, peer: PeerInfo, host: str, port: int, attempts: int,
-                 last: str) -> HandshakeDroppedError:
-        return HandshakeDroppedError(
-            f"{self._me}: {peer}'s data port {host}:{port} took none of {attempts} "
-            f"connection(s) before the deadline (last: {last}); the peer is busy (its "
-            "pending-handshake slots taken, e.g. by a connection flood), still closing an "
-            "earlier connection, or shutting down")
-
-    def _attempt(self, peer: PeerInfo, host: str, port: int, deadline: Deadline) -> socket.socket:
-        """One connection and handshake; raises ``_Dropped`` for a transient failure."""
-        timeout = max(deadline.remaining(), 0.05)
-        sock = socket.create_connection((host.strip("[]"), port), timeout=min(timeout, 10.0))
-        try:
-            tune(sock)
-            self._prove(sock, peer, deadline)
-            if self._tls is not None:
-                sock = _tcp_tls.dial(sock, self._tls, host.strip("[]"), deadline)
-            sock.settimeout(None)  # sends set their own timeout from their deadline
-        except (EOFError, ConnectionResetError, BrokenPipeError, ssl.SSLEOFError,
-                ssl.SSLZeroReturnError) as e:
-            sock.close()
-            raise _Dropped(f"{type(e).__name__}: {e}") from e
-        except ssl.SSLError as e:  # a certificate refused, by this side or the acceptor
-            sock.close()
-            raise UnauthenticatedError(
-                f"{peer}'s data connection failed mutual TLS authentication with "
-                f"{self._me.task} ({e}): both tasks' certificates must be signed by the CA "
-                "each is given (CLUSTER_TLS_CA), and carry the host dialled as a SAN") from e
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    def _prove(self, sock: socket.socket, peer: PeerInfo, deadline: Deadline) -> None:
-        """The connector's side of the handshake, every read bounded by ``deadline``."""
-        first = recv_exact(sock, wire.SERVER_HELLO_BYTES, deadline)
-        magic = first[:len(wire.MAGIC)]
-        if magic in (wire.MAGIC, wire.MAGIC_TLS) and magic != self._magic:
-            raise ClusterSpecMismatchError(
-                f"{peer}'s data port {'runs' if magic == wire.MAGIC_TLS else 'does not run'} "
-                f"TLS, {self._me.task}'s {'does' if self._tls else 'does not'}: give every task "
-                "the same tls: setting (CLUSTER_TLS_CERT, _KEY, _CA)")
-        if magic != self._magic:
-            raise UnauthenticatedError(f"{peer}'s data port speaks another protocol")
-        server_nonce = first[len(wire.MAGIC):]
-        nonce = wire.new_nonce()
-        facts = (server_nonce, nonce, self._me.rank, peer.rank, len(self._peers),
-                 self._me.task, peer.task)
-        mac = wire.client_mac(self._key, *facts)
-        send_all(sock, wire.HELLO.pack(self._magic, self._me.rank, peer.rank, len(self._peers),
-                                       nonce, mac), deadline)
-        answer = recv_exact(sock, wire.SERVER_PROOF_BYTES, deadline)
-        reason = wire.decode_refusal(answer)
-        if reason is None:
-            expected = wire.MAGIC + wire.server_mac(self._key, *facts)
-            if not hmac.compare_digest(answer, expected):
-                raise UnauthenticatedError(
-                    f"{peer} failed to prove it holds the cluster token on {self._me.task}'s "
-                    "data connection (another CLUSTER_TOKEN, or not the peer at that port)")
-            return
-        if reason.transient:
-            raise _Dropped(f"refused: {reason.name}")
-        if reason == wire.Refusal.BAD_MAC:
-            raise UnauthenticatedError(
-                f"{peer} refused {self._me.task}'s data connection: its proof did not match. "
-                "CLUSTER_TOKEN, or the task names of the cluster spec, differ between the tasks; "
-                "give every task the same token and cluster")
-        raise ClusterSpecMismatchError(
-            f"{peer} refused {self._me.task}'s data connection: it sees another group "
-            f"({reason.name}: {self._me.task} as rank {self._me.rank} sending to rank "
-            f"{peer.rank} of {len(self._peers)}); give every task the same cluster")
+            self._outbound[peer.rank] = Streams(peer, host, port, sock, self._dialer)
 
     def send(self, dst: int, key: MessageKey, payload: bytes | memoryview, signature: str,
              deadline: Deadline) -> None:
@@ -335,7 +165,7 @@ class TcpDataPlane:
             group = self._groups[key.group] = key.group.encode()
         header = wire.encode_header(wire.DATA, group, signature.encode(), key.step, key.chunk,
                                      key.seq, len(payload))
-        out.send(header, payload, deadline, key, self._closing)
+        out.send(header, payload, deadline, key)
 
     def post(self, src: int, key: MessageKey, into: memoryview) -> None:
         self._posted[(src, key)] = into
@@ -351,11 +181,16 @@ class TcpDataPlane:
         """Ranks this plane has an outbound connection to."""
         return set(self._outbound)
 
+    def streams(self, rank: int) -> int:
+        """How many connections this rank has opened to ``rank`` (0: no route)."""
+        out = self._outbound.get(rank)
+        return 0 if out is None else len(out.streams)
+
     def drop(self, rank: int) -> None:
-        """Cut the connections to a peer found lost, waking a send blocked on it."""
+        """Cut the connections to a peer found lost, waking a send blocked on one."""
         out = self._outbound.get(rank)
         if out is not None:
-            shutdown(out.sock)
+            out.drop()
 
     # -- inbound ---------------------------------------------------------------------------------
 
@@ -394,11 +229,11 @@ class TcpDataPlane:
             thread.start()
 
     def _serve(self, conn: socket.socket, source: str) -> None:
-        src = -1
+        src, stream = -1, -1
         try:
             deadline = Deadline.after(HANDSHAKE_TIMEOUT)
             try:
-                src, conn = self._check_proof(conn, deadline)
+                src, stream, conn = self._check_proof(conn, deadline)
             except TimeoutError:
                 log.info("%s: dropped a data connection from %s that did not finish its "
                          "handshake within %.1f s", self._me, source, HANDSHAKE_TIMEOUT)
@@ -415,25 +250,40 @@ class TcpDataPlane:
                           source, e)
                 return
             try:
-                lost = self._receive(conn, src)
+                lost = self._receive(conn, src, stream)
             except Exception as e:  # EOF, reset, bad frame, no memory: never die silently
                 if not self._closing.is_set():
                     self._on_lost(src, f"its data connection broke ({type(e).__name__}: {e})")
                 return
-            if not self._closing.is_set():
-                self._on_departed(src, lost)
+            departed = self._ended(src, stream, conn, lost)
+            if departed is not None and not self._closing.is_set():
+                self._on_departed(src, departed)
         finally:
             with self._lock:
                 self._pending.pop(conn, None)
                 self._accepted.discard(conn)
-                if self._inbound.get(src) is conn:
-                    del self._inbound[src]
+                if self._inbound.get((src, stream)) is conn:
+                    del self._inbound[(src, stream)]
             conn.close()
 
-    def _check_proof(self, conn: socket.socket, deadline: Deadline) -> tuple[int, socket.socket]:
+    def _ended(self, src: int, stream: int, conn: socket.socket, lost: str | None) -> str | None:
+        """Connection ``stream`` from ``src`` ended cleanly: with its goodbye (naming ``lost``)
+        or, for ``lost=None``, unused. Returns what to report departed (the task the goodbyes
+        named, or "") once it was the peer's last connection and a goodbye came; else None."""
+        with self._lock:
+            if self._inbound.get((src, stream)) is conn:
+                del self._inbound[(src, stream)]
+            if lost is not None:
+                self._farewells[src] = self._farewells.get(src, "") or lost
+            if any(s == src for s, _ in self._inbound):
+                return None  # another connection of the peer may still carry frames
+            return self._farewells.pop(src, None)
+
+    def _check_proof(self, conn: socket.socket,
+                     deadline: Deadline) -> tuple[int, int, socket.socket]:
         """The acceptor's side of the handshake, all of it bounded by ``deadline``; returns the
-        authenticated source rank and the socket to read its frames from (a TLS one over
-        ``conn`` when this plane runs TLS). Raises ``_Refused`` (with what to tell the
+        authenticated source rank, its stream, and the socket to read its frames from (a TLS
+        one over ``conn`` when this plane runs TLS). Raises ``_Refused`` (with what to tell the
         connector, where it was heard out), ``TimeoutError``, ``EOFError`` or ``OSError``."""
         nonce = wire.new_nonce()
         send_all(conn, self._magic + nonce, deadline)
@@ -443,54 +293,60 @@ class TcpDataPlane:
                 raise _Refused(f"caller {'does not run' if self._tls else 'runs'} TLS, this "
                                "data port does: the tasks have different tls: settings")
             raise _Refused("not a cluster-runtime data connection")
-        _, src, dst, world, client_nonce, mac = wire.HELLO.unpack(
+        _, src, dst, world, stream, client_nonce, mac = wire.HELLO.unpack(
             magic + recv_exact(conn, wire.HELLO.size - len(magic), deadline))
         if not 0 <= src < len(self._peers) or src == self._me.rank:
             raise _Refused(f"caller claims rank {src}, not a peer",
                            wire.Refusal.NOT_A_PEER)
-        facts = (nonce, client_nonce, src, dst, world, self._peers[src].task, self._me.task)
-        if not hmac.compare_digest(mac, wire.client_mac(self._key, *facts)):
+        facts = wire.Facts(nonce, client_nonce, src, dst, world, stream, self._peers[src].task,
+                           self._me.task)
+        if not hmac.compare_digest(mac, wire.client_mac(self._key, facts)):
             raise _Refused(f"caller claiming to be {self._peers[src].task} failed to prove it "
                            "holds the cluster token",
                            wire.Refusal.BAD_MAC)
         if dst != self._me.rank or world != len(self._peers):
             raise _Refused(f"{self._peers[src]} sees a different group (rank {dst} of {world})",
                            wire.Refusal.OTHER_GROUP)
+        if stream >= MAX_STREAMS:
+            raise _Refused(f"{self._peers[src]} asked for data connection #{stream}; a peer may "
+                           f"open {MAX_STREAMS}", wire.Refusal.BAD_STREAM)
+        slot = (src, stream)
         with self._lock:
             if self._closing.is_set():
                 reason: wire.Refusal | None = wire.Refusal.CLOSING
-            elif src in self._inbound:
+            elif slot in self._inbound:
                 reason = wire.Refusal.DUPLICATE
             elif self._pending.pop(conn, None) is None:
                 raise EOFError("evicted to make room for a newer handshake")
             else:
                 reason = None
-                self._inbound[src] = conn  # no longer pending: never evicted from here on
+                self._inbound[slot] = conn  # no longer pending: never evicted from here on
         if reason is not None:
-            raise _Refused(f"{self._peers[src]}: {reason.name.lower()}", reason)
+            raise _Refused(f"{self._peers[src]} (connection #{stream}): {reason.name.lower()}",
+                           reason)
         current = [conn]  # the socket registered for this connection: plain, then TLS
 
         def adopt(tls_conn: socket.socket) -> None:  # so that close() can reach the TLS socket
             with self._lock:
                 self._accepted.discard(current[0])
                 self._accepted.add(tls_conn)
-                self._inbound[src] = current[0] = tls_conn
+                self._inbound[slot] = current[0] = tls_conn
 
         try:
-            send_all(conn, wire.MAGIC + wire.server_mac(self._key, *facts), deadline)
+            send_all(conn, wire.MAGIC + wire.server_mac(self._key, facts), deadline)
             tune(conn)
             if self._tls is not None:
                 conn = _tcp_tls.accept(conn, self._tls, deadline, adopt=adopt)
             conn.settimeout(None)  # the receiver waits for data for as long as the group lives
         except BaseException as e:
             with self._lock:  # registered above: unregister, so the peer may connect again
-                if self._inbound.get(src) is current[0]:
-                    del self._inbound[src]
+                if self._inbound.get(slot) is current[0]:
+                    del self._inbound[slot]
                 self._accepted.discard(current[0])
             if isinstance(e, ssl.SSLError):
                 raise _Refused(f"{self._peers[src]} failed mutual TLS authentication: {e}") from e
             raise
-        return src, conn
+        return src, stream, conn
 
     @staticmethod
     def _refuse(conn: socket.socket, reason: wire.Refusal, deadline: Deadline) -> None:
@@ -500,16 +356,24 @@ class TcpDataPlane:
         except OSError:
             pass
 
-    def _receive(self, conn: socket.socket, src: int) -> str:
+    def _receive(self, conn: socket.socket, src: int, stream: int) -> str | None:
         """Deliver frames from ``src`` until its goodbye; returns the task the goodbye names
-        ("" for none); raises on EOF, reset or bad bytes."""
+        ("" for none), or None when a stream other than 0 ended before its first frame;
+        raises on EOF, reset or bad bytes."""
         reader = Reader(conn)
         groups: dict[bytes, str] = {}
         deliver = self._on_message
         posted = self._posted
         size = wire.FRAME.size
-        while True:
+        try:
             h = wire.decode_header(reader.take(size))
+        except (EOFError, OSError):
+            if stream == 0:
+                raise
+            # Its connector gave up on it after the handshake (closing it with our proof
+            # unread, which resets it): nothing was sent on it, nothing is missing.
+            return None
+        while True:
             if h.kind == wire.BYE:
                 return bytes(reader.take(h.group_len)).decode("utf-8", "replace")
             names = bytes(reader.take(h.group_len + h.signature_len))
@@ -522,13 +386,14 @@ class TcpDataPlane:
             payload = posted.pop((src, key), None) if posted else None
             if payload is not None and len(payload) == h.nbytes:
                 reader.read_into(payload)  # straight into the collective's output
-            elif h.nbytes <= _SMALL_PAYLOAD:
+            elif h.nbytes <= SMALL_PAYLOAD:
                 payload = memoryview(bytes(reader.take(h.nbytes)))
             else:
                 buf = np.empty(h.nbytes, np.uint8)  # uninitialised: every byte is overwritten
                 payload = memoryview(buf)
                 reader.read_into(payload)
             deliver(src, key, Received(payload, signature))
+            h = wire.decode_header(reader.take(size))
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -537,7 +402,7 @@ class TcpDataPlane:
         because of, if any), stop accepting, end every thread."""
         self._closing.set()
         for out in list(self._outbound.values()):
-            out.goodbye(deadline, lost)
+            out.close(deadline, lost)
         shutdown(self._listener)
         self._listener.close()
         with self._lock:

@@ -40,11 +40,11 @@ MAX_GROWTH_MIB = 32  # see test_grpc_fuzz
 
 
 def _hello(src: int, dst: int, world: int, server_nonce: bytes, key: bytes,
-           magic: bytes = wire.MAGIC) -> bytes:
+           magic: bytes = wire.MAGIC, stream: int = 0) -> bytes:
     nonce = wire.new_nonce()
     tasks = [TASKS[src] if src < len(TASKS) else "x", TASKS[dst] if dst < len(TASKS) else "x"]
-    mac = wire.client_mac(key, server_nonce, nonce, src, dst, world, *tasks)
-    return wire.HELLO.pack(magic, src, dst, world, nonce, mac)
+    mac = wire.client_mac(key, wire.Facts(server_nonce, nonce, src, dst, world, stream, *tasks))
+    return wire.HELLO.pack(magic, src, dst, world, stream, nonce, mac)
 
 
 @st.composite
@@ -52,9 +52,11 @@ def handshakes(draw, server_nonce: bytes) -> bytes:
     """What a caller without the token sends first: garbage, the protocol's own bytes with a
     wrong key or mutated, cut short, or followed by more."""
     u32 = st.one_of(st.integers(0, 5), st.integers(0, (1 << 32) - 1))
+    # b"CRDATA01": the previous version of the protocol (a hello without a stream).
     hello = _hello(draw(u32), draw(u32), draw(u32), server_nonce,
                    draw(st.sampled_from([b"", b"wrong", KEY + b"x"])),
-                   draw(st.sampled_from([wire.MAGIC, wire.MAGIC_TLS, b"CRDATA02"])))
+                   draw(st.sampled_from([wire.MAGIC, wire.MAGIC_TLS, b"CRDATA01", b"CRDATA03"])),
+                   draw(u32))
     return draw(st.one_of(
         st.binary(max_size=256),
         mutate(hello),

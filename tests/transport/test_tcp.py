@@ -38,14 +38,16 @@ def _data_port(group: NetworkGroup, rank: int) -> int:
     return group.transports[rank].data_port
 
 
-def _speak(port: int, key: bytes, src: int, dst: int, world: int, tasks: tuple[str, str]) -> bytes:
+def _speak(port: int, key: bytes, src: int, dst: int, world: int, tasks: tuple[str, str],
+           stream: int = 0) -> bytes:
     """Run the connector's side of the handshake by hand; returns what the acceptor answered."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         first = recv_exact(s, wire.SERVER_HELLO_BYTES)
         assert first.startswith(wire.MAGIC)
         nonce = wire.new_nonce()
-        mac = wire.client_mac(key, first[len(wire.MAGIC):], nonce, src, dst, world, *tasks)
-        s.sendall(wire.HELLO.pack(wire.MAGIC, src, dst, world, nonce, mac))
+        facts = wire.Facts(first[len(wire.MAGIC):], nonce, src, dst, world, stream, *tasks)
+        s.sendall(wire.HELLO.pack(wire.MAGIC, src, dst, world, stream, nonce,
+                                  wire.client_mac(key, facts)))
         try:
             return s.recv(1024)
         except ConnectionResetError:
@@ -199,7 +201,7 @@ def test_authenticated_peer_sending_a_bad_frame_is_reported_lost() -> None:
                        on_lost=lambda *a: None, on_departed=lambda *a: None)
     try:
         sender.connect(peers[1], "127.0.0.1", plane.port, Deadline.after(5))
-        sender._outbound[1].sock.sendall(b"\x09" + b"\x00" * (wire.FRAME.size - 1))
+        sender._outbound[1].streams[0].sock.sendall(b"\x09" + b"\x00" * (wire.FRAME.size - 1))
         assert reported.wait(5)
         assert lost[0][0] == 0 and "WireError" in lost[0][1]
     finally:

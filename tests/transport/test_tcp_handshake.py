@@ -40,7 +40,7 @@ def _plane(me: int, key: bytes = b"k", peers: list[PeerInfo] = PEERS, **callback
 
 def _hostile_hello() -> bytes:
     """What a stranger can send: a well-formed hello with a MAC it cannot compute."""
-    return wire.HELLO.pack(wire.MAGIC, 0, 1, 2, wire.new_nonce(), b"\0" * 32)
+    return wire.HELLO.pack(wire.MAGIC, 0, 1, 2, 0, wire.new_nonce(), b"\0" * 32)
 
 
 def _closed(sock: socket.socket, wait: float) -> bool:
@@ -66,7 +66,7 @@ def test_slow_drip_is_dropped_within_the_handshake_deadline(monkeypatch) -> None
         with socket.create_connection(("127.0.0.1", plane.port), timeout=5) as s:
             assert recv_exact(s, wire.SERVER_HELLO_BYTES).startswith(wire.MAGIC)
             dropped_after = None
-            for byte in _hostile_hello():  # 84 bytes: 21 s of dripping, were it never dropped
+            for byte in _hostile_hello():  # 88 bytes: 22 s of dripping, were it never dropped
                 try:
                     s.send(bytes((byte,)))
                 except OSError:

@@ -116,7 +116,7 @@ def test_frames_travel_over_mutual_tls(pki) -> None:
     dialer = _plane(0, _tls(pki["w0"], pki["good"]))
     try:
         dialer.connect(PEERS[1], "127.0.0.1", acceptor.port, Deadline.after(10))
-        sock = dialer._outbound[1].sock
+        sock = dialer._outbound[1].streams[0].sock
         assert isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
         assert sock.getpeercert()["subject"] == ((("commonName", "worker-1"),),)
         small, large = b"s" * 4096, bytes(range(256)) * (32 << 10)  # 4 KiB, 8 MiB
@@ -124,6 +124,27 @@ def test_frames_travel_over_mutual_tls(pki) -> None:
             dialer.send(1, KEY, payload, "", Deadline.after(10))
         assert inbox.wait_for(3) == [small, large, small]
         with acceptor._lock:
+            assert all(isinstance(c, ssl.SSLSocket) for c in acceptor._inbound.values())
+    finally:
+        dialer.close(Deadline.after(2))
+        acceptor.close(Deadline.after(2))
+
+
+def test_a_second_stream_runs_mutual_tls_too(pki) -> None:
+    inbox = _Inbox()
+    acceptor = _plane(1, _tls(pki["w1"], pki["good"]), inbox)
+    dialer = _plane(0, _tls(pki["w0"], pki["good"]))
+    try:
+        dialer.connect(PEERS[1], "127.0.0.1", acceptor.port, Deadline.after(10))
+        large = bytes(range(256)) * (4 << 10)  # 1 MiB: a frame that opens a stream when needed
+        with dialer._outbound[1].streams[0].lock:  # stream 0 busy: this frame opens stream 1
+            dialer.send(1, KEY, large, "", Deadline.after(10))
+        assert inbox.wait_for(1) == [large]
+        assert dialer.streams(1) == 2
+        sock = dialer._outbound[1].streams[1].sock
+        assert isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
+        with acceptor._lock:
+            assert set(acceptor._inbound) == {(0, 0), (0, 1)}
             assert all(isinstance(c, ssl.SSLSocket) for c in acceptor._inbound.values())
     finally:
         dialer.close(Deadline.after(2))
