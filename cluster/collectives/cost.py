@@ -291,23 +291,19 @@ def ring_seconds(shape: HostShape, nbytes: int, lanes: int, costs: HostCosts = M
 
     Per rank, ``2 (N-1)/N nbytes`` are sent and received and ``(N-1)/N nbytes`` combined. A
     lane's thread sends and combines its share; each inbound connection's receiver thread
-    drains its share. With two lanes at ``N >= 3`` the lanes arrive over two connections (from
-    the left and from the right neighbour); at ``N = 2`` both neighbours are the one peer, whose
-    one connection each way carries both lanes: its receiver thread drains everything and its
-    sends take turns. The time is the busiest thread's work, or all of the rank's work over its
-    cores where threads outnumber them, plus the lanes' hand-offs.
+    drains its share. Two lanes arrive over two connections: at ``N >= 3`` from the left and
+    from the right neighbour; at ``N = 2``, where both neighbours are the one peer, over the
+    second connection the TCP data plane opens when two threads send to one peer at once. The
+    time is the busiest thread's work, or all of the rank's work over its cores where threads
+    outnumber them, plus the lanes' hand-offs.
     """
     n = shape.ranks
     if n == 1 or nbytes == 0:
         return 0.0
     moved = 2 * (n - 1) / n * nbytes
-    sending = moved * costs.send_s_per_byte
-    main = sending + moved / 2 * costs.combine_s_per_byte
+    main = moved * costs.send_s_per_byte + moved / 2 * costs.combine_s_per_byte
     receiving = moved * costs.recv_s_per_byte
-    connections = lanes if n > 2 else 1
-    busiest = max(main / lanes, receiving / connections)
-    if connections == 1:
-        busiest = max(busiest, sending)  # the one outbound socket's sends take turns
+    busiest = max(main, receiving) / lanes
     cores = shape.cores / n
     return max(busiest, (main + receiving) / cores) + (lanes - 1) * costs.lane_s
 

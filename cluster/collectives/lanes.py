@@ -6,8 +6,9 @@ connection drains the socket. With cores to spare per rank (a server: 2, 4 or 8 
 cores), that one thread bounds the all-reduce. Two lanes split the data in halves: lane 0 runs
 the ring to the right as always, lane 1 runs it to the left over the other neighbour's
 connections, so at ``N >= 3`` each half has its own sending thread, its own sockets and its own
-receiver thread (at ``N = 2`` both lanes share the peer's one connection each way). Where the
-cost model says a second lane pays is :func:`~cluster.collectives.cost.ring_lanes`.
+receiver thread (at ``N = 2``, where both neighbours are the one peer, the TCP data plane opens
+a second connection to it when the two lanes send at once). Where the cost model says a second
+lane pays is :func:`~cluster.collectives.cost.ring_lanes`.
 
 Contracts:
 

@@ -10,7 +10,8 @@ token handshake when given a :class:`~cluster.transport._tcp_tls.DataPlaneTls`.
 
 Inbound, a plane hands what it received to the callbacks it was built with:
 ``on_message(src, key, received)`` files a whole message, ``on_lost(src, why)`` reports a peer
-whose connection broke, ``on_departed(src)`` one that said goodbye.
+whose connection broke, ``on_departed(src)`` one that said goodbye (on every connection it
+opened).
 """
 
 from __future__ import annotations

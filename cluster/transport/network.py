@@ -13,8 +13,9 @@ gRPC is the control plane (Hello, heartbeats, Abort). Payloads take a
 task's ``settings.data_plane``, ``CLUSTER_DATA_PLANE``: ``tcp``, the default, or ``grpc``):
 
 - ``tcp`` (:mod:`~cluster.transport.tcp`): each rank listens on an extra port on its gRPC host and
-  advertises it in the authenticated Hello reply; peers open one authenticated raw TCP connection
-  per direction and write payloads straight from their buffers (~3x the bandwidth of grpcio here).
+  advertises it in the authenticated Hello reply; peers open an authenticated raw TCP connection
+  per direction (a second one when two threads send large frames to one peer at once) and write
+  payloads straight from their buffers (~3x the bandwidth of grpcio here).
   A peer whose data port cannot be reached is served over gRPC instead, with a warning.
 - ``grpc`` (:mod:`~cluster.transport._grpc_plane`): one client-streaming ``Exchange`` call to
   each peer for the transport's whole life.

@@ -185,9 +185,14 @@ def test_a_second_lane_halves_the_busiest_thread_only_where_cores_are_free() -> 
     free = HostShape(16, 4)
     one, two = (cost.ring_seconds(free, 64 * MIB, lanes) for lanes in (1, 2))
     assert two == pytest.approx(one / 2, rel=0.05)  # two senders, two receivers: half each
-    # Two ranks: both lanes arrive over the peer's one connection, whose receiver then bounds.
+    # Two ranks: the peer's second connection carries the second lane.
     pair = HostShape(16, 2)
-    assert cost.ring_seconds(pair, 64 * MIB, 2) > cost.ring_seconds(pair, 64 * MIB, 1) / 2
+    assert cost.ring_seconds(pair, 64 * MIB, 2) == pytest.approx(
+        cost.ring_seconds(pair, 64 * MIB, 1) / 2, rel=0.05)
+    # Eight ranks on sixteen cores: two cores per rank carry the four busy threads' work.
+    eight = HostShape(16, 8)
+    assert cost.ring_seconds(eight, 64 * MIB, 1) / 2 < cost.ring_seconds(eight, 64 * MIB, 2) < \
+        cost.ring_seconds(eight, 64 * MIB, 1)
     busy = HostShape(2, 2)
     assert cost.ring_seconds(busy, 64 * MIB, 2) >= cost.ring_seconds(busy, 64 * MIB, 1)
     assert cost.ring_seconds(HostShape(16, 1), 64 * MIB, 1) == 0.0
