@@ -53,6 +53,7 @@ __all__ = [
     "ring_seconds",
     "single_copy_pays",
     "single_copy_seconds",
+    "spin_seconds",
     "wait_seconds",
     "whole_bytes",
     "whole_seconds",
@@ -162,6 +163,11 @@ class HostCosts:
       and copies into a scratch that then leaves cache): 5e-11, ResNet-50's ``apply_gradients``
       at 2 ranks (~100 MB of gradients) staged in 37-42 ms, read in place in 42-50 ms.
 
+    - ``spin_s``: how long a shared-memory wait polls before it sleeps where a host has cores to
+      spare beyond its ranks (:func:`spin_seconds`): about the latency of waking a sleeping
+      rank on an idle core (a 4 KiB all-reduce at N = 2 on a 16-core server, one wait, took
+      0.16 ms in one run and 0.38-0.40 ms in others of the same build).
+
     The network ring's threads (one rank of a ring over loopback TCP, 64 MiB float32 at N = 2
     and 4, each thread's CPU from ``/proc/self/task/*/schedstat``; a rank's main thread sends
     and combines, a receiver thread per inbound connection drains it):
@@ -181,6 +187,7 @@ class HostCosts:
     wait_s: float = 4e-6
     shared_wait_s: float = 0.37e-3
     kernel_read_s_per_byte: float = 5e-11
+    spin_s: float = 100e-6
     send_s_per_byte: float = 0.30e-9
     combine_s_per_byte: float = 0.24e-9
     recv_s_per_byte: float = 0.33e-9
@@ -196,16 +203,25 @@ gradients in one step (ResNet-50's are 100 MB, BERT-base's 440 MB)."""
 
 
 def wait_seconds(shape: HostShape, costs: HostCosts = MEASURED) -> float:
-    """One synchronisation of the co-located ranks: cheap with a core per rank; with ranks
-    outnumbering cores, the scheduler's turn of the peer waited for.
-
-    Waits sleep on a futex at once, with any shape: polling 50 us first measured slower on the
-    shared 2-core VM (4 KiB at N=2, four alternating pairs: 0.99-7.8 ms against 0.60-6.2 ms), as
-    a polling rank holds the core that a peer the scheduler placed beside it needs.
-    """
+    """One synchronisation of the co-located ranks: cheap with a core per rank (polled first
+    where cores are to spare, :func:`spin_seconds`); with ranks outnumbering cores, the
+    scheduler's turn of the peer waited for."""
     if shape.ranks <= shape.cores:
         return costs.wait_s
     return costs.shared_wait_s * shape.share / 2.0  # measured at 2 ranks per core
+
+
+def spin_seconds(shape: HostShape, costs: HostCosts = MEASURED) -> float:
+    """How long a shared-memory wait polls its peer's progress before sleeping on a futex.
+
+    Where the host has cores to spare beyond its ranks (2, 4 or 8 ranks on 16 cores) a polling
+    rank holds a core nobody else needs and sees its peer's progress at once, instead of
+    paying an idle core's wake-up. Where ranks fill or outnumber the cores (2 or 4 on 2) the
+    waits sleep at once: polling 50 us measured slower on the shared 2-core VM (4 KiB at N=2,
+    four alternating pairs: 0.99-7.8 ms against 0.60-6.2 ms), as a polling rank holds the core
+    that a peer the scheduler placed beside it needs.
+    """
+    return costs.spin_s if shape.ranks < shape.cores else 0.0
 
 
 def whole_seconds(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED) -> float:

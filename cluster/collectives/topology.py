@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.collectives import ring, shm_segment
+from cluster.collectives import cost, ring, shm_segment
 from cluster.collectives._exchange import Exchange
 from cluster.collectives.arena import Arena, ArenaLayout
 from cluster.deadline import Deadline
@@ -83,13 +83,15 @@ def discover(
     layout_for: Callable[[int], ArenaLayout],
     host_id: str = "",
     shared_memory: bool = True,
-    spin_seconds: float = 0.0,
+    spin_seconds: float | None = None,
 ) -> tuple[Topology, Arena | None]:
     """Set up the group's hosts (see the module doc); returns this rank's arena, if any.
 
     ``layout_for(local_size)`` gives the arena layout of a host of that many ranks; it must be
     the same function on every rank (its sample is part of the set-up's signature), as must
-    ``shared_memory`` (False: every rank stays on the network).
+    ``shared_memory`` (False: every rank stays on the network). ``spin_seconds``: how long the
+    arena's waits poll before they sleep; by default the host shape's
+    (:func:`~cluster.collectives.cost.spin_seconds`).
     """
     sample = layout_for(2).describe() if shared_memory else "off"
     ex = Exchange(transport, group=group, seq=seq, kind="setup",
@@ -119,9 +121,11 @@ def discover(
             segment = _attach(records[host[0]], layout.size)
         arena = None
         if segment is not None and layout is not None:
+            spin = (cost.spin_seconds(cost.HostShape.here(len(host)))
+                    if spin_seconds is None else spin_seconds)
             arena = Arena(segment, layout, topology.local_rank,
                           [transport.peers[r] for r in host], transport.check,
-                          group=group, spin_seconds=spin_seconds)
+                          group=group, spin_seconds=spin)
             arena.register()
         oks, step = _all_gather(ex, bytes([arena is not None]), step)
         ex.end()

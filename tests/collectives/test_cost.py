@@ -196,3 +196,14 @@ def test_a_second_lane_halves_the_busiest_thread_only_where_cores_are_free() -> 
     busy = HostShape(2, 2)
     assert cost.ring_seconds(busy, 64 * MIB, 2) >= cost.ring_seconds(busy, 64 * MIB, 1)
     assert cost.ring_seconds(HostShape(16, 1), 64 * MIB, 1) == 0.0
+
+
+@pytest.mark.parametrize(("cores", "ranks", "polls"), [
+    (2, 2, False), (2, 4, False), (16, 2, True), (16, 8, True), (16, 16, False), (16, 32, False),
+])
+def test_shared_memory_waits_poll_only_where_cores_are_to_spare(cores: int, ranks: int,
+                                                                polls: bool) -> None:
+    spin = cost.spin_seconds(HostShape(cores, ranks))
+    assert (spin > 0) is polls
+    assert spin <= 1e-3  # never long enough to matter where the peer is late
+

@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 
-from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp, shm_segment
+from cluster.collectives import CollectiveGroup, CommunicationOptions, ReduceOp, cost, shm_segment
+from cluster.collectives.cost import HostShape
 from cluster.collectives.options import CollectivePath, CollectiveSettings
 from cluster.errors import PeerUnavailableError
 from cluster.transport.inproc import InProcessHub
 
 from . import _threads
-from ._threads import run_ranks
+from ._threads import make_groups, run_ranks
 from .test_all_reduce import rank_input
 
 pytestmark = [pytest.mark.shm_path, pytest.mark.timeout(60)]
@@ -479,3 +480,14 @@ def test_small_arrays_on_one_host_are_updated_once_in_the_group_without_a_pack(
     for rank in range(world):
         for a, b in zip(got[rank], want[rank], strict=True):
             assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(("cores", "polls"), [(2, False), (16, True)])
+def test_a_group_polls_its_waits_as_its_host_shape_says(monkeypatch: pytest.MonkeyPatch,
+                                                        cores: int, polls: bool) -> None:
+    monkeypatch.setattr(cost, "host_cores", lambda: cores)
+    hub, groups = make_groups(2)
+    got = run_ranks(lambda r: groups[r].all_reduce(np.full(1000, r + 1.0)), 2)
+    assert all((g == 3.0).all() for g in got)
+    spins = [g._engine.shm.arena._spin for g in groups]
+    assert spins == [cost.spin_seconds(HostShape(cores, 2))] * 2 and (spins[0] > 0) is polls
