@@ -42,9 +42,11 @@ from cluster.collectives.cores import host_cores
 
 __all__ = [
     "ALGORITHMS",
+    "MAX_COPY_THREADS",
     "MEASURED",
     "HostCosts",
     "HostShape",
+    "copy_threads",
     "direct_seconds",
     "latency_steps",
     "messages",
@@ -242,14 +244,30 @@ def direct_seconds(shape: HostShape, nbytes: int, round_bytes: int,
             + moved * shape.share / costs.move_bytes_per_s)
 
 
-def single_copy_seconds(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED) -> float:
+MAX_COPY_THREADS = 4
+"""The most threads a rank splits a single-copy all-reduce's reads and reductions over."""
+
+
+def copy_threads(shape: HostShape) -> int:
+    """Threads a rank runs a single-copy all-reduce's two copying steps on: its whole cores
+    (at most :data:`MAX_COPY_THREADS`). Those steps read peers' arrays in place and write only
+    the rank's own output, with no synchronisation inside, so they split over threads (each on
+    a part of the range) with nothing to agree on: 4 per rank for 2 or 4 ranks on 16 cores, 2
+    for 8, 1 where ranks fill or outnumber the cores."""
+    return max(1, min(MAX_COPY_THREADS, shape.cores // shape.ranks))
+
+
+def single_copy_seconds(shape: HostShape, nbytes: int, costs: HostCosts = MEASURED,
+                        threads: int | None = None) -> float:
     """The direct all-reduce reading peers in place: three waits per call, the same moved bytes
-    as :func:`direct_seconds`, and the kernel's reads of ``2 (L-1)/L n`` bytes from peers."""
+    as :func:`direct_seconds`, and the kernel's reads of ``2 (L-1)/L n`` bytes from peers,
+    split over the rank's ``threads`` (:func:`copy_threads` by default)."""
+    threads = copy_threads(shape) if threads is None else threads
     moved = (5 - 2 / shape.ranks) * nbytes
     read = 2 * (shape.ranks - 1) / shape.ranks * nbytes
     return (3 * wait_seconds(shape, costs)
             + (moved / costs.move_bytes_per_s + read * costs.kernel_read_s_per_byte)
-            * shape.share)
+            * shape.share / threads)
 
 
 def whole_bytes(shape: HostShape, costs: HostCosts = MEASURED) -> int:
@@ -274,12 +292,13 @@ def single_copy_pays(shape: HostShape, round_bytes: int, nbytes: int = REFERENCE
                      costs: HostCosts = MEASURED) -> bool:
     """Whether reading peers' arrays in place beats the staged rounds for ``nbytes``.
 
-    It saves ``2 rounds - 3`` waits and pays the kernel's reads. With a core per rank (2 ranks
-    on 2 cores; 2, 4 or 8 ranks on 16) a wait costs microseconds and the staged rounds win: every
-    rank copies its part into the arena on its own core while the others do the same, so the
-    copy phases run in parallel at each core's copy bandwidth and the parts are reduced from
-    cache. Where ranks take turns on cores (4 ranks on 2) each wait is a scheduler turn and
-    reading in place wins. One rank has nothing to read.
+    It saves ``2 rounds - 3`` waits, pays the kernel's reads, and splits its copying over the
+    rank's :func:`copy_threads`. Where ranks take turns on cores (4 ranks on 2) each wait is a
+    scheduler turn and reading in place wins; with exactly a core per rank (2 ranks on 2, 16 on
+    16) a wait costs microseconds and the staged rounds win, each rank copying its part into
+    the arena on its own core while the others do the same; with cores to spare (2, 4 or 8
+    ranks on 16) the copying runs on several threads per rank and reading in place wins again.
+    One rank has nothing to read.
     """
     if shape.ranks == 1:
         return False

@@ -22,9 +22,10 @@ staging buffers per rank, a rank fills round ``t + 1`` while slower peers still 
   from their input arrays, and the all-gather reads the other segments straight from their
   owners' outputs. The same reductions in the same order (the same bytes), three
   synchronisations per call instead of two per round, and no copy into or out of the arena.
-  By default where the cost model of the host's shape says it pays (:func:`auto_single_copy`:
-  where ranks take turns on cores); otherwise, or where the kernel forbids it, the staged
-  rounds above.
+  Its two copying steps wait for no one, so a rank with cores to spare runs them on several
+  threads. By default where the cost model of the host's shape says it pays
+  (:func:`auto_single_copy`: where ranks take turns on cores, or have cores to spare);
+  otherwise, or where the kernel forbids it, the staged rounds above.
 - Algorithm choices come from :mod:`~cluster.collectives.cost`'s model per host shape (cores
   and co-located ranks, message size): the small algorithm's threshold and single copy.
 - :meth:`reduce_scatter`, :meth:`all_gather` (sizes may differ per rank), :meth:`broadcast` and
@@ -41,6 +42,7 @@ and the all-gather copies updated parts instead of reduced ones.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 
 import numpy as np
@@ -49,12 +51,14 @@ from cluster.collectives import cma, cost, kernels
 from cluster.collectives.arena import Arena, progress
 from cluster.collectives.cores import host_cores
 from cluster.collectives.epilogue import Update
+from cluster.collectives.lanes import Guard, Job, LaneThreads
 from cluster.collectives.ops import ReduceOp, combine_into, finalize, reduce_into
 from cluster.collectives.schedule import Range, segments
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 
-__all__ = ["SharedMemoryCollectives", "auto_single_copy", "auto_whole_bytes"]
+__all__ = ["SharedMemoryCollectives", "auto_copy_threads", "auto_single_copy",
+           "auto_whole_bytes"]
 
 
 def auto_whole_bytes(local_size: int, cpus: int | None = None) -> int:
@@ -76,12 +80,18 @@ def auto_single_copy(local_size: int, cpus: int | None = None) -> bool:
 
     On 2 cores: not for 2 ranks (ResNet-50's ``apply_gradients`` staged in 37-42 ms, in place in
     42-50 ms), yes for 3 or 4, where every staged round's two waits are scheduler turns (4 ranks:
-    median 112.5 ms against 125.5 ms over six pairs). On 16 cores, 2, 4 or 8 ranks: staged
-    rounds, since each rank copies its part into the arena on its own core in parallel with the
-    others, near that core's copy bandwidth, and the waits that single copy saves cost
-    microseconds.
+    median 112.5 ms against 125.5 ms over six pairs). On 16 cores: yes for 2, 4 or 8 ranks,
+    whose cores to spare run its copying on several threads per rank (:func:`auto_copy_threads`);
+    not for 16, where each rank copies its staged part on its own core in parallel with the
+    others and the waits that single copy saves cost microseconds.
     """
     return cost.single_copy_pays(_shape(local_size, cpus), DEFAULT_ROUND_BYTES)
+
+
+def auto_copy_threads(local_size: int, cpus: int | None = None) -> int:
+    """Threads a rank runs a single-copy all-reduce's copying on: :func:`cost.copy_threads`
+    of the host's shape (1 on 2 cores; 4 for 2 or 4 ranks on 16 cores, 2 for 8)."""
+    return cost.copy_threads(_shape(local_size, cpus))
 
 
 DEFAULT_ROUND_BYTES = 2 << 20
@@ -103,7 +113,7 @@ class SharedMemoryCollectives:
     """
 
     def __init__(self, arena: Arena, *, whole_bytes: int | None = None,
-                 single_copy: bool | None = None) -> None:
+                 single_copy: bool | None = None, copy_threads: int | None = None) -> None:
         self.arena = arena
         self.rank = arena.local_rank
         self.size = arena.local_size
@@ -114,7 +124,10 @@ class SharedMemoryCollectives:
             single_copy = auto_single_copy(self.size)
         self._want_single_copy = single_copy and cma.supported()
         self._single_copy: bool | None = None
-        self._scratch: list[np.ndarray] = []  # single copy's read blocks, one per local rank
+        # Single copy's read blocks: per copy thread, one per local rank.
+        self._scratch: list[list[np.ndarray]] = []
+        self._copy_threads = auto_copy_threads(self.size) if copy_threads is None else copy_threads
+        self._workers = LaneThreads(f"{arena.group}-shm")
 
     @property
     def single_copy(self) -> bool | None:
@@ -216,7 +229,9 @@ class SharedMemoryCollectives:
            peer has finished reading before it returns (one more).
 
         Three synchronisations per call instead of two per round, and no copy into or out of
-        the arena. Peers read only ``srcs`` in step 2 and only ``outs``' owned segments in
+        the arena. Steps 2 and 3 wait for no one, so they run on the rank's copy threads
+        (:func:`auto_copy_threads`), each on a part of the range. Peers read only ``srcs`` in
+        step 2 and only ``outs``' owned segments in
         step 3, so ``out`` may be ``src`` (each rank writes only its own segment in step 2).
         """
         arena, me, size = self.arena, self.rank, self.size
@@ -231,33 +246,66 @@ class SharedMemoryCollectives:
         arena.wait_all(progress(t, 1), deadline)
         peers = {k: arena.buffer(k, t)[: table.nbytes].view(np.uint64).reshape(-1, 2).tolist()
                  for k in range(size) if k != me}
-        scratch = [s.view(dtype) for s in self._read_blocks()]
-        block = scratch[0].size
+        # Steps 2 and 3 read and write nothing another rank waits on: split over threads.
+        threads = self._copy_threads
         a, b = bounds[me]
-        for lo in range(a, b, block):
-            hi = min(lo + block, b)
-            pieces = _pieces(starts, lo, hi)
-            views = [s[: hi - lo] for s in scratch]
-            for k, table_k in peers.items():
-                self._read(k, [(views[k].ctypes.data + at * item, table_k[j][0] + plo * item,
-                                (phi - plo) * item) for j, plo, phi, at in pieces])
-            _reduce_pieces(op, count, pieces, srcs, outs, views, me, update, staged=False)
+        parts = [(a + lo, a + hi) for lo, hi in segments(b - a, threads)]
+
+        def reduce_part(guard: Guard, lo_part: int, hi_part: int, blocks: list[np.ndarray]
+                        ) -> int:
+            scratch = [blk.view(dtype) for blk in blocks]
+            block = scratch[0].size
+            for lo in range(lo_part, hi_part, block):
+                hi = min(lo + block, hi_part)
+                pieces = _pieces(starts, lo, hi)
+                views = [s[: hi - lo] for s in scratch]
+                for k, table_k in peers.items():
+                    self._read(k, [(views[k].ctypes.data + at * item,
+                                    table_k[j][0] + plo * item, (phi - plo) * item)
+                                   for j, plo, phi, at in pieces])
+                with guard.writing():
+                    _reduce_pieces(op, count, pieces, srcs, outs, views, me, update,
+                                   staged=False)
+            return 0
+
+        self._in_parallel([functools.partial(reduce_part, lo_part=lo, hi_part=hi,
+                                             blocks=self._read_blocks(i))
+                           for i, (lo, hi) in enumerate(parts)], deadline)
         t = self._begin_round(deadline)
         arena.post(progress(t, 1))
         arena.wait_all(progress(t, 1), deadline)
-        for k, table_k in peers.items():
-            ka, kb = bounds[k]
-            self._read(k, [(outs[j].ctypes.data + plo * item, table_k[j][1] + plo * item,
-                            (phi - plo) * item) for j, plo, phi, _ in _pieces(starts, ka, kb)])
+
+        def gather_part(guard: Guard, part: int) -> int:
+            for k, table_k in peers.items():
+                ka, kb = bounds[k]
+                lo, hi = segments(kb - ka, threads)[part]
+                with guard.writing():
+                    self._read(k, [(outs[j].ctypes.data + plo * item, table_k[j][1] + plo * item,
+                                    (phi - plo) * item)
+                                   for j, plo, phi, _ in _pieces(starts, ka + lo, ka + hi)])
+            return 0
+
+        self._in_parallel([functools.partial(gather_part, part=i) for i in range(threads)],
+                          deadline)
         arena.post(progress(t, 2))
         arena.wait_all(progress(t, 2), deadline)
 
-    def _read_blocks(self) -> list[np.ndarray]:
-        """One :data:`_READ_BLOCK_BYTES` block of scratch per local rank (ours holds the result),
-        made once and viewed as any dtype (the size is a multiple of every itemsize)."""
-        if not self._scratch:
-            self._scratch = [np.empty(_READ_BLOCK_BYTES, np.uint8) for _ in range(self.size)]
-        return self._scratch
+    def _in_parallel(self, jobs: list[Job], deadline: Deadline) -> None:
+        """Run ``jobs`` on the rank's copy threads (the one on this thread when alone); they
+        write under a guard, so none writes after this returns or raises."""
+        if len(jobs) == 1:
+            jobs[0](Guard())
+        else:
+            self._workers.run(jobs, deadline)
+
+    def _read_blocks(self, thread: int = 0) -> list[np.ndarray]:
+        """One :data:`_READ_BLOCK_BYTES` block of scratch per local rank (ours holds the result)
+        for copy thread ``thread``, made once and viewed as any dtype (the size is a multiple
+        of every itemsize)."""
+        while len(self._scratch) <= thread:
+            self._scratch.append([np.empty(_READ_BLOCK_BYTES, np.uint8)
+                                  for _ in range(self.size)])
+        return self._scratch[thread]
 
     def _read(self, k: int, pairs: list[tuple[int, int, int]]) -> None:
         """:func:`cma.read` from local rank ``k``; a failure names the peer."""

@@ -106,10 +106,11 @@ KIB = 1 << 10
         (2, 2, 16 * KIB, False),
         (2, 3, 512 * KIB, True),
         (2, 4, 512 * KIB, True),
-        # 16 cores, a core per rank or more: waits are cheap, every phase runs in parallel.
-        (16, 2, 16 * KIB, False),
-        (16, 4, 8 * KIB, False),
-        (16, 8, 4 * KIB, False),
+        # 16 cores: waits are cheap; with cores to spare a rank reads in place on several
+        # threads, with exactly a core per rank the staged rounds run in parallel instead.
+        (16, 2, 16 * KIB, True),
+        (16, 4, 8 * KIB, True),
+        (16, 8, 4 * KIB, True),
         (16, 16, 2 * KIB, False),
         (16, 32, 32 * KIB, True),  # ranks take turns on cores again
     ],
@@ -207,3 +208,13 @@ def test_shared_memory_waits_poll_only_where_cores_are_to_spare(cores: int, rank
     assert (spin > 0) is polls
     assert spin <= 1e-3  # never long enough to matter where the peer is late
 
+
+
+@pytest.mark.parametrize(("cores", "ranks", "threads"), [
+    (2, 2, 1), (2, 4, 1), (16, 2, 4), (16, 4, 4), (16, 8, 2), (16, 16, 1), (16, 32, 1),
+])
+def test_single_copy_threads_per_host_shape(cores: int, ranks: int, threads: int) -> None:
+    shape = HostShape(cores, ranks)
+    assert cost.copy_threads(shape) == threads
+    one = cost.single_copy_seconds(shape, 64 << 20, threads=1)
+    assert cost.single_copy_seconds(shape, 64 << 20) <= one

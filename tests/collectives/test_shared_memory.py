@@ -342,7 +342,7 @@ def _single_copy_case(world: int, single_copy: list[bool], in_place: bool) -> li
         updated = [p.copy() for p in params]
         g.all_reduce_apply(values[r], updated, sgd, "SUM", options=alone)
         biggest = g.all_reduce(lone[r], "MAX")
-        return many, updated, biggest, g._engine.shm.single_copy
+        return many, updated, biggest, g._engine.shm.single_copy, g._engine.shm._copy_threads
 
     got = run_ranks(rank, world)
     for r in range(world):
@@ -354,16 +354,20 @@ def _single_copy_case(world: int, single_copy: list[bool], in_place: bool) -> li
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("cores", [2, 16], ids=["2-cores", "16-cores"])
 def test_single_copy_gives_the_bytes_of_the_staged_algorithm(
-        world: int, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks of 256 B: arrays span several blocks and blocks span several arrays."""
+        world: int, in_place: bool, cores: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 256 B: arrays span several blocks and blocks span several arrays. On a host of
+    16 cores each rank splits its copying over 4 threads, each on a part of the range."""
     from cluster.collectives import shared_memory
 
     monkeypatch.setattr(shared_memory, "_READ_BLOCK_BYTES", 256)
+    monkeypatch.setattr(shared_memory, "host_cores", lambda: cores)
     single = _single_copy_case(world, [True] * world, in_place)
     staged = _single_copy_case(world, [False] * world, in_place)
     for r in range(world):
         assert single[r][3] is True and staged[r][3] is False
+        assert single[r][4] == (4 if cores == 16 else 1)
         for a, b in zip(_flat(single[r][:3]), _flat(staged[r][:3]), strict=True):
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         for a, b in zip(_flat(single[0][:3]), _flat(single[r][:3]), strict=True):
@@ -371,7 +375,7 @@ def test_single_copy_gives_the_bytes_of_the_staged_algorithm(
 
 
 def _flat(results: tuple) -> list[np.ndarray]:
-    many, updated, biggest = results
+    many, updated, biggest = results[:3]
     return [*many, *updated, biggest]
 
 
