@@ -381,6 +381,10 @@ ENV_VARS = (
      "elastic job outlives its chief; set by `clusterctl launch --elastic`."),
     ("CLUSTER_COLLECTIVE_PATH", "auto", "`network` keeps co-located ranks off shared memory."),
     ("CLUSTER_COLLECTIVE_ALGORITHM", "auto", "`ring`, `doubling` or `tree` forces the all-reduce."),
+    ("CLUSTER_RING_LANES", "auto",
+     "`1` or `2` forces the network ring's lanes (two: the data in halves round the ring in "
+     "opposite directions, each on a thread of its own); `auto` takes two on one host where "
+     "each rank has cores to spare, see [Collectives](../design/collectives.md)."),
     (ENV_LAUNCHER_PID, "unset", "Set by clusterctl: the task stops when that process exits."),
     (ENV_ERROR_FILE, "unset", "Set by clusterctl: where a failed task writes its error record."),
     (ENV_RESTART_COUNT, "0", "Set by clusterctl: the attempt number, 0 on the first."),
