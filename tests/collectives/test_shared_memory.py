@@ -379,11 +379,13 @@ def _flat(results: tuple) -> list[np.ndarray]:
     return [*many, *updated, biggest]
 
 
-def test_ranks_read_in_place_by_default_only_where_they_outnumber_cores() -> None:
-    from cluster.collectives.shared_memory import auto_single_copy
+def test_ranks_read_in_place_by_default_where_they_outnumber_or_spare_cores() -> None:
+    """Not with exactly a core per rank: its staged rounds run in parallel, one per core."""
+    from cluster.collectives.shared_memory import auto_copy_threads, auto_single_copy
 
     assert [auto_single_copy(n, cpus=2) for n in (1, 2, 3, 4)] == [False, False, True, True]
-    assert not auto_single_copy(8, cpus=64)
+    assert [auto_single_copy(n, cpus=16) for n in (2, 8, 16, 32)] == [True, True, False, True]
+    assert [auto_copy_threads(n, cpus=16) for n in (2, 8, 16, 32)] == [4, 2, 1, 1]
 
 
 def test_one_rank_that_will_not_read_in_place_keeps_the_whole_host_staged() -> None:
