@@ -88,7 +88,6 @@ class LaneView:
         self._ex = ex
         self._guard = guard
         self.size = ex.size
-        self.deadline = ex.deadline
         if reverse:  # rank r sits at -r on the mirrored ring: its right neighbour is r - 1
             self.rank = (-ex.rank) % ex.size
             self.left, self.right = ex.right, ex.left
