@@ -6,6 +6,8 @@
 #   bash tools/server_bench.sh --quick         # a tiny run (N=2, small sizes): checks the script
 #   bash tools/server_bench.sh --print         # print the commands only
 #   bash tools/server_bench.sh --out DIR       # write the logs and result files to DIR
+#   bash tools/server_bench.sh --only allreduce,strategy   # only the sections named
+#   bash tools/server_bench.sh --python python3    # that interpreter, not the project's uv env
 #
 # Sections (each prints the machine: cores, CPU model, cores per rank):
 #   1. bench/allreduce.py: N = 2, 4, 8 at 4 KiB and 64 MiB, shared memory (shm) and the network
@@ -15,20 +17,26 @@
 #   2. bench/strategy.py: apply_gradients over ResNet-50's and BERT-base's gradient shapes
 #      against DDP-gloo, both paths, N = 2, 4, 8.
 #   3. bench/torch_ddp.py: cluster.torch training of the 10M CNN against DDP, N = 2, 4, 8.
-# Needs torch for the gloo / DDP columns: `uv sync --inexact --extra torch`. Nothing goes over a
-# network: every rank runs on this machine, on loopback.
+# Needs torch for the gloo / DDP columns: `uv sync --inexact --extra torch`. On a machine whose
+# python already holds torch and the dependencies (no network to sync from), `--python python3`
+# with the project on PYTHONPATH; where uv is absent that is the default. Nothing goes over a network: every rank runs on this machine, on loopback.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 quick=0
 print_only=0
 out="/tmp/server-bench"
+only=""
+py=(uv run --no-sync python)
+command -v uv >/dev/null || py=(python3)
 while (($#)); do
     case "$1" in
         --quick) quick=1 ;;
         --print) print_only=1 ;;
         --out) out="${2:?--out needs a directory}"; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        --python) py=("${2:?--python needs an interpreter}"); shift ;;
+        --only) only=",${2:?--only needs a comma list of allreduce, strategy, torch_ddp},"; shift ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "server_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -64,22 +72,25 @@ run() {  # NAME ARGS...: one bench, its log and result file under $out, its time
     local name=$1
     shift
     local started=$SECONDS
-    echo "== $name: uv run python $* --json $out/$name.json"
+    echo "== $name: ${py[*]} $* --json $out/$name.json"
     if ((print_only)); then
         return 0
     fi
-    uv run --no-sync python "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.log"
+    "${py[@]}" "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.log"
     echo "== $name took $((SECONDS - started)) s"
 }
 
 if ! ((print_only)); then
     mkdir -p "$out"
     echo "server bench: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
-         "N = $nprocs, commit $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)"
+         "N = $nprocs, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
 status=0
 for entry in "${commands[@]}"; do
     name=${entry%%|*}
+    if [[ -n "$only" && "$only" != *",${name#server-},"* ]]; then
+        continue
+    fi
     read -r -a argv <<< "${entry#*|}"  # the arguments hold no spaces
     run "$name" "${argv[@]}" || { echo "== $name failed" >&2; status=1; }
 done

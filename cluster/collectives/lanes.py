@@ -56,26 +56,42 @@ class LaneCancelledError(Exception):
 
 
 class Guard:
-    """Serialises one call's lane writes against the end of the call."""
+    """Fences one call's lane writes against the end of the call.
+
+    Lanes write at the same time (each to its own part of the arrays), so a write only counts
+    itself in; :meth:`close` refuses new writes and waits out those in progress. A single lock
+    around each write would be simpler and would serialise every lane's copying: with four copy
+    threads that made a 16-core host's single-copy all-reduce three times slower than its
+    busiest thread.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._writing = 0
         self._closed = False
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """Hold while writing to the call's arrays; raises ``LaneCancelledError`` once closed.
         Never held across a wait: only around a combine or a copy."""
-        with self._lock:
+        with self._cond:
             if self._closed:
                 raise LaneCancelledError("the collective ended; this lane writes nothing more")
+            self._writing += 1
+        try:
             yield
+        finally:
+            with self._cond:
+                self._writing -= 1
+                if not self._writing:
+                    self._cond.notify_all()
 
     def close(self) -> None:
-        """Refuse every later write; returns once a write in progress has finished."""
-        self._closed = True
-        with self._lock:
-            pass
+        """Refuse every later write; returns once the writes in progress have finished (each
+        is a bounded combine or copy, so this wait needs no deadline)."""
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: not self._writing)
 
 
 class LaneView:

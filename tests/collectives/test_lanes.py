@@ -220,6 +220,38 @@ def test_a_write_in_progress_finishes_before_the_call_ends() -> None:
     assert finished and finished[0] <= time.monotonic()
 
 
+def test_lanes_write_at_the_same_time_and_the_end_waits_for_all_of_them() -> None:
+    # Copy threads write disjoint parts at once: a guard that let one write at a time would
+    # serialise them (each writer here waits inside its write for the other to be inside too).
+    guard = Guard()
+    inside = [threading.Event(), threading.Event()]
+    met: list[bool] = []
+    done: list[float] = []
+
+    def writer(me: int) -> None:
+        with guard.writing():
+            inside[me].set()
+            met.append(inside[1 - me].wait(5))
+            time.sleep(0.1)
+            done.append(time.monotonic())
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    assert all(e.wait(5) for e in inside)
+    guard.close()  # returns only once both writes have finished
+    closed = time.monotonic()
+    for w in workers:
+        w.join(5)
+    assert met == [True, True]
+    assert len(done) == 2 and max(done) <= closed
+    assert closed - started < 2  # the writes overlapped: no wait ran into its 5 s timeout
+    with pytest.raises(LaneCancelledError):
+        with guard.writing():
+            pass
+
+
 def test_lanes_past_the_deadline_time_out() -> None:
     threads = LaneThreads("t")
     release = threading.Event()
