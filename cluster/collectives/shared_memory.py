@@ -511,6 +511,12 @@ def _reduce_pieces(op: ReduceOp, count: int, pieces: list[tuple[int, int, int, i
         if op is ReduceOp.SUM and kernels.sum_add_scaled(update, operands, outs[j][lo:hi],
                                                          result if staged else None):
             continue  # summed, updated (and copied back) in one pass
+        if not staged and update is None and not np.may_share_memory(outs[j], srcs[j]):
+            # No peer reads the result from our buffer and the output aliases no operand: the
+            # reduction writes it straight there, one pass over memory fewer.
+            _reduce_in_order(op, outs[j][lo:hi], operands)
+            finalize(op, outs[j][lo:hi], count)
+            continue
         _reduce_in_order(op, result, operands)
         finalize(op, result, count)
         if update is None:
