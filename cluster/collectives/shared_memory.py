@@ -167,7 +167,7 @@ class SharedMemoryCollectives:
         rounds over their concatenation (no copy joins them): ``outs[j]`` as ``all_reduce``
         would leave it for ``srcs[j]``. With ``update``, no ``outs[j]`` may be its ``srcs[j]``.
         Each element is reduced in rank order as alone, so the bytes are those of one call per
-        array.
+        array. ``outs[j]`` may be ``srcs[j]`` but overlaps no other array of either list.
         """
         if len({s.dtype for s in srcs}) > 1:
             raise ValueError("all_reduce_many takes arrays of one dtype")
