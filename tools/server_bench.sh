@@ -17,9 +17,13 @@
 #   2. bench/strategy.py: apply_gradients over ResNet-50's and BERT-base's gradient shapes
 #      against DDP-gloo, both paths, N = 2, 4, 8.
 #   3. bench/torch_ddp.py: cluster.torch training of the 10M CNN against DDP, N = 2, 4, 8.
+#   4. threads: where the ranks' threads spend a 64 MiB all-reduce (shm at N = 4 and 8, tcp at
+#      N = 8: the rows where the wall time is well above the busiest thread's CPU time), by
+#      tools/thread_states.py sampling them during a long run of ours alone: about 40 s.
 # Needs torch for the gloo / DDP columns: `uv sync --inexact --extra torch`. On a machine whose
 # python already holds torch and the dependencies (no network to sync from), `--python python3`
-# with the project on PYTHONPATH; where uv is absent that is the default. Nothing goes over a network: every rank runs on this machine, on loopback.
+# with the project on PYTHONPATH; where uv is absent that is the default. Nothing goes over a
+# network: every rank runs on this machine, on loopback.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -36,7 +40,7 @@ while (($#)); do
         --out) out="${2:?--out needs a directory}"; shift ;;
         --python) py=("${2:?--python needs an interpreter}"); shift ;;
         --only) only=",${2:?--only needs a comma list of allreduce, strategy, torch_ddp},"; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "server_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -48,11 +52,13 @@ export PYTHONUNBUFFERED=1
 
 if ((quick)); then
     nprocs=2
+    profiles=("shm 2")
     allreduce=(--nprocs 2 --sizes 4K,1M --iters 5 --warmup 2 --rounds 1)
     strategy=(--nprocs 2 --sizes= --models resnet50 --model-iters 1 --model-warmup 1)
     torch_ddp=(--nprocs 2 --models 1M --repeats 1 --steps 2 --warmup 1)
 else
     nprocs=2,4,8
+    profiles=("shm 4" "shm 8" "tcp 8")
     allreduce=(--nprocs "$nprocs" --sizes 4K,64M --iters 10 --warmup 3 --rounds 3)
     strategy=(--nprocs "$nprocs" --sizes= --models resnet50,bert-base --model-iters 3
               --model-warmup 1)
@@ -94,5 +100,35 @@ for entry in "${commands[@]}"; do
     read -r -a argv <<< "${entry#*|}"  # the arguments hold no spaces
     run "$name" "${argv[@]}" || { echo "== $name failed" >&2; status=1; }
 done
+threads() {  # PATH N: sample the threads of N ranks all-reducing 64 MiB on PATH, ours alone
+    local path=$1 n=$2
+    echo "== threads: $path, N = $n: ${py[*]} tools/thread_states.py during bench/allreduce.py"
+    if ((print_only)); then
+        return 0
+    fi
+    # In a session of its own, which is killed once sampled, ranks and all (600 iterations
+    # outlast the sampling on any machine this is for).
+    local group="$out/.threads-group"
+    rm -f "$group"
+    setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$group" "${py[@]}" bench/allreduce.py \
+        --nprocs "$n" --sizes 64M --iters 600 --warmup 3 --rounds 1 --paths "$path" --no-gloo \
+        --no-model >/dev/null 2>&1 &
+    local bench=$!
+    "${py[@]}" tools/thread_states.py --match spawn_main --wait 30 --after 4 --seconds 4 || true
+    [[ -s "$group" ]] && kill -KILL -- -"$(cat "$group")" 2>/dev/null || true
+    rm -f "$group"
+    wait "$bench" 2>/dev/null || true
+}
+
+if [[ -z "$only" || "$only" == *",threads,"* ]]; then
+    for profile in "${profiles[@]}"; do
+        read -r path n <<< "$profile"
+        if ((print_only)); then
+            threads "$path" "$n"
+        else
+            threads "$path" "$n" 2>&1 | tee -a "$out/server-threads.log" || status=1
+        fi
+    done
+fi
 ((print_only)) || echo "server bench done in $SECONDS s; logs and result files in $out"
 exit $status
