@@ -39,7 +39,7 @@ while (($#)); do
         --print) print_only=1 ;;
         --out) out="${2:?--out needs a directory}"; shift ;;
         --python) py=("${2:?--python needs an interpreter}"); shift ;;
-        --only) only=",${2:?--only needs a comma list of allreduce, strategy, torch_ddp},"; shift ;;
+        --only) only=",${2:?--only needs a comma list of allreduce, strategy, torch_ddp, threads},"; shift ;;
         -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "server_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac

@@ -38,7 +38,7 @@ _GENERIC = ("schedule", "__schedule", "do_syscall_64", "entry_SYSCALL", "__x64_s
 
 @dataclass
 class Tally:
-    """Samples of one thread name: how many, how many running, and where the others slept."""
+    """Samples of one thread: how many, how many running, and where the others slept."""
 
     samples: int = 0
     running: int = 0
@@ -120,13 +120,13 @@ def report(tallies: dict[Thread, Tally], top: int = 3, rows: int = 24) -> str:
     then the sleep sites of every working thread (running in >= 10% of its samples) summed."""
     lines = ["| thread | samples | running | asleep in (share of its samples) |",
              "|---|---|---|---|"]
-    ranked = sorted(tallies.items(), key=lambda kv: -kv[1].running / max(kv[1].samples, 1))
+    ranked = sorted(tallies.items(), key=lambda kv: -kv[1].running / kv[1].samples)
     for (pid, tid, name), t in ranked[:rows]:
         sites = ", ".join(f"{site} {100 * n / t.samples:.0f}%"
                           for site, n in t.sites.most_common(top))
         lines.append(f"| {pid}/{tid} {name} | {t.samples} | {100 * t.running / t.samples:.0f}% "
                      f"| {sites} |")
-    working = [t for t in tallies.values() if t.samples and t.running >= t.samples / 10]
+    working = [t for t in tallies.values() if t.running >= t.samples / 10]
     total = sum(t.samples for t in working)
     if total:
         summed: collections.Counter[str] = collections.Counter()
