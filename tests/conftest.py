@@ -18,8 +18,9 @@ from cluster.testing import netns as _netns
 
 __all__ = ["REPO", "marker", "netns_hosts", "processes_with", "task_processes"]
 
-# The ``example_runs`` fixture: each documented example run once per session, shared.
-pytest_plugins = ["tests._examples"]
+# The ``example_runs`` fixture: each documented example run once per session, shared; and how
+# a parallel run groups and orders the tests.
+pytest_plugins = ["tests._examples", "tests._schedule"]
 
 REPO = Path(__file__).resolve().parents[1]
 
