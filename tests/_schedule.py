@@ -1,8 +1,8 @@
 """How ``uv run pytest`` spreads the suite over the machine's cores (pytest-xdist).
 
-The suite runs on several worker processes (``-n auto --maxprocesses 4 --dist loadgroup``,
-``pyproject.toml``); ``-n 0`` runs it in this process alone. A worker takes whole groups, and a
-test's group is:
+``uv run pytest -n auto`` runs the suite on a worker process per core (``--dist loadgroup`` is
+in ``pyproject.toml``'s options); without ``-n`` it runs in one process, in the files' order, and
+this plugin does nothing. A worker takes whole groups, and a test's group is:
 
 - ``examples`` for every test that reads a documented example run (the ``example_runs``
   fixture, ``tests/_examples.py``): the runs are made once per session, and a session is one
@@ -64,7 +64,9 @@ def _recorded() -> dict[str, float]:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each node id
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: one process, the file order
+        return
     seconds = _recorded()
     unknown = sum(seconds.values()) / len(seconds) if seconds else 0.0
     groups: dict[str, list[pytest.Item]] = defaultdict(list)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests import _schedule
+
+_WORKER = SimpleNamespace(workerinput={"workerid": "gw0"})
+"""The config of an xdist worker, as far as the plugin reads it."""
 
 
 class _Item:
@@ -28,7 +32,7 @@ def _order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorded: dict[str, 
     path = tmp_path / "durations.json"
     path.write_text(json.dumps(recorded))
     monkeypatch.setattr(_schedule, "DURATIONS", path)
-    _schedule.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    _schedule.pytest_collection_modifyitems(_WORKER, items)  # type: ignore[arg-type]
     return [i.nodeid for i in items]
 
 
@@ -62,6 +66,16 @@ def test_a_file_not_recorded_counts_as_the_mean(tmp_path, monkeypatch) -> None:
 def test_no_record_keeps_the_collection_order(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(_schedule, "DURATIONS", tmp_path / "missing.json")
     items = [_Item("tests/b.py::t"), _Item("tests/a.py::t"), _Item("tests/b.py::u")]
-    _schedule.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    _schedule.pytest_collection_modifyitems(_WORKER, items)  # type: ignore[arg-type]
     assert [i.nodeid for i in items] == ["tests/b.py::t", "tests/b.py::u", "tests/a.py::t"]
+
+
+def test_one_process_keeps_the_files_order(tmp_path, monkeypatch) -> None:
+    items = [_Item("tests/short.py::t"), _Item("tests/long.py::t")]
+    path = tmp_path / "durations.json"
+    path.write_text(json.dumps({"tests/short.py": 1.0, "tests/long.py": 9.0}))
+    monkeypatch.setattr(_schedule, "DURATIONS", path)
+    _schedule.pytest_collection_modifyitems(SimpleNamespace(), items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == ["tests/short.py::t", "tests/long.py::t"]
+    assert [i.groups for i in items] == [[], []]
 
