@@ -22,11 +22,18 @@ import threading
 import time
 from collections.abc import Mapping
 
-__all__ = ["PROBE_TIMEOUT", "answering"]
+__all__ = ["PROBE_TIMEOUT", "RESOLVE_BOUND", "answering"]
 
 PROBE_TIMEOUT = 0.5
 """Seconds a probe waits for a peer's kernel: a connect within a data centre takes well under a
 millisecond, even to a loaded host, so this only bounds the wait for a cut-off one."""
+
+RESOLVE_BOUND = 10.0
+"""Seconds beyond the connect's timeout that :func:`answering` waits for its probes to report.
+The connect's timeout bounds the wait on the network; this bounds only a name resolver that
+hangs. A probe is not given up when the connect's timeout passes: in a loaded process (a
+starved CPU, a C call holding the GIL) its thread may get its turn to report a connection that
+succeeded long after, and a peer whose kernel answered must not be declared lost for that."""
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -42,11 +49,14 @@ def _connects(address: str, timeout: float) -> bool:
         return False
 
 
-def answering(addresses: Mapping[str, str], timeout: float = PROBE_TIMEOUT) -> set[str]:
+def answering(addresses: Mapping[str, str], timeout: float = PROBE_TIMEOUT,
+              resolve_bound: float = RESOLVE_BOUND) -> set[str]:
     """The keys of ``addresses`` (``{name: "host:port"}``) whose kernel accepts a TCP
-    connection within ``timeout`` seconds, all probed at once. Never raises; a name that does
-    not resolve in time counts as not answering. The connection is closed at once (a server
-    sees a client that left before saying anything)."""
+    connection within ``timeout`` seconds, all probed at once. Never raises. A name counts as
+    not answering only when its probe finished and failed, or when it has not finished
+    ``timeout + resolve_bound`` seconds after the call (a resolver that hangs); a probe whose
+    thread merely reports late (a loaded process) still counts. The connection is closed at
+    once (a server sees a client that left before saying anything)."""
     found: set[str] = set()
     lock = threading.Lock()
 
@@ -59,9 +69,10 @@ def answering(addresses: Mapping[str, str], timeout: float = PROBE_TIMEOUT) -> s
                for item in addresses.items()]
     for thread in threads:
         thread.start()
-    end = time.monotonic() + timeout
+    end = time.monotonic() + timeout + resolve_bound
     for thread in threads:
-        # The resolver may outlast the connect's timeout: the join, not the thread, is bounded.
-        thread.join(max(0.0, end - time.monotonic()) + 0.05)
+        # Only a hung resolver outlasts the connect's timeout by much: the join, not the
+        # thread, is bounded, and never at the connect's timeout itself (see RESOLVE_BOUND).
+        thread.join(max(0.0, end - time.monotonic()))
     with lock:
         return set(found)

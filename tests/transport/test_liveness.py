@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from cluster.errors import PeerUnavailableError
+from cluster.transport import _reachable
 from cluster.transport._reachable import PROBE_TIMEOUT, answering
 from cluster.transport.api import PeerInfo
 from cluster.transport.control import SERVICE, ControlService, HeartbeatMonitor
@@ -101,6 +102,32 @@ def test_a_host_that_drops_connection_attempts_does_not_answer_within_the_timeou
         finally:
             for s in fillers:
                 s.close()
+
+
+def test_a_probe_that_reports_after_the_timeout_still_counts(gil_holder, monkeypatch) -> None:
+    # In a loaded process (a starved CPU, a sibling thread in a long C call) a probe's thread
+    # may get its turn long after its connect succeeded: the peer answered all the same.
+    connects = _reachable._connects
+
+    def late(address: str, timeout: float) -> bool:
+        answered = connects(address, timeout)
+        time.sleep(PROBE_TIMEOUT + 0.5)
+        return answered
+
+    monkeypatch.setattr(_reachable, "_connects", late)
+    found = answering({"busy": f"127.0.0.1:{gil_holder}", "dead": f"127.0.0.1:{_closed_port()}"})
+    assert found == {"busy"}
+
+
+def test_a_probe_that_never_reports_does_not_answer_after_the_resolve_bound(monkeypatch) -> None:
+    never = threading.Event()  # a name resolver that hangs
+    monkeypatch.setattr(_reachable, "_connects", lambda address, timeout: never.wait(30))
+    started = time.monotonic()
+    try:
+        assert answering({"hung": "unresolvable:1"}, timeout=0.2, resolve_bound=0.3) == set()
+        assert 0.45 < time.monotonic() - started < 2.0
+    finally:
+        never.set()
 
 
 # -- the heartbeat monitor's verdicts on a silent peer ------------------------------------------
