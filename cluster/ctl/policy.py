@@ -74,12 +74,22 @@ class TaskAction(enum.Enum):
 @dataclass(frozen=True)
 class TaskExit:
     """A task's exit as the launcher saw it: ``order`` counts exits (0 = first);
-    ``stopped`` is True when the launcher had already signalled it."""
+    ``stopped`` is True when the launcher had already signalled it. ``declared``: the exit
+    code the task's own error record had declared when the launcher's signal ended it (it
+    failed, recorded why, then outlasted the grace on its way out: an exit hook that hangs, a
+    slow teardown), else ``None``."""
 
     task: str
     code: int
     order: int
     stopped: bool = False
+    declared: int | None = None
+
+    @property
+    def verdict(self) -> int:
+        """The code that says why the task ended: what it declared before it was killed, else
+        its exit code. A permanent failure stays permanent when a SIGKILL ends its exit."""
+        return self.code if self.declared is None else self.declared
 
 
 def _job(task: str) -> str:
@@ -165,8 +175,10 @@ def on_elastic_exit(task: str, code: int, *, restarts_done: int, max_restarts: i
 def root_cause(exits: list[TaskExit], mode: str = COLLECTIVE) -> TaskExit | None:
     """The task whose failure the others followed: the first to fail on its own.
 
-    Preference: the earliest failure that is neither a "peer failed" exit (201) nor the effect
-    of the launcher's own signal (a stopped task exiting 128 or more); then the earliest not
+    Each exit counts with its :attr:`TaskExit.verdict` (a task the launcher killed after it
+    recorded its own failure failed with the code it recorded). Preference: the earliest
+    failure that is neither a "peer failed" exit (201) nor the effect of the launcher's own
+    signal (a stopped task exiting 128 or more); then the earliest not
     stopped by the launcher; then the earliest failure. A task that exits 1 after the launcher
     signalled it failed on its own (it was reporting its exception when the stop came).
     ``None`` when no task failed.
@@ -190,10 +202,10 @@ def root_cause(exits: list[TaskExit], mode: str = COLLECTIVE) -> TaskExit | None
 
 
 def _first_failure(exits: list[TaskExit]) -> TaskExit | None:
-    failures = sorted((e for e in exits if e.code != 0 or _job(e.task) == "ps"),
+    failures = sorted((e for e in exits if e.verdict != 0 or _job(e.task) == "ps"),
                       key=lambda e: e.order)
-    for keep in (lambda e: e.code not in exitcodes.SECONDARY
-                 and not (e.stopped and exitcodes.is_retryable(e.code)),
+    for keep in (lambda e: e.verdict not in exitcodes.SECONDARY
+                 and not (e.stopped and exitcodes.is_retryable(e.verdict)),
                  lambda e: not e.stopped,
                  lambda e: True):
         chosen = [e for e in failures if keep(e)]

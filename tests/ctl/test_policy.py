@@ -40,8 +40,8 @@ def test_assess(exits, tasks, phase) -> None:
     assert assess(exits, tasks) is phase
 
 
-def E(task, code, order, stopped=False):  # noqa: N802
-    return TaskExit(task, code, order, stopped)
+def E(task, code, order, stopped=False, declared=None):  # noqa: N802
+    return TaskExit(task, code, order, stopped, declared)
 
 
 @pytest.mark.parametrize(("exits", "root"), [
@@ -58,10 +58,24 @@ def E(task, code, order, stopped=False):  # noqa: N802
     ([E("worker:0", 201, 0), E("worker:1", 1, 1, True), E("chief:0", 143, 2, True)],
      "worker:1"),
     ([E("ps:0", 0, 0)], "ps:0"),
+    # the root cause recorded exit 1, then outlasted the grace on its way out and was killed
+    ([E("worker:0", 201, 0), E("chief:0", 143, 1, True), E("worker:1", 137, 2, True, 1)],
+     "worker:1"),
 ])
 def test_root_cause(exits, root) -> None:
     found = root_cause(exits)
     assert (found.task if found else None) == root
+
+
+@pytest.mark.parametrize(("exit_", "verdict", "decision"), [
+    (E("worker:1", 137, 2, True, 1), 1, Decision.FAIL),  # permanent, though killed
+    (E("worker:1", 137, 2, True, 202), 202, Decision.RESTART),  # what it declared: retryable
+    (E("worker:1", 137, 2, True), 137, Decision.RESTART),  # nothing declared: the signal
+])
+def test_a_declared_code_decides_over_the_signal_that_ended_the_exit(exit_, verdict,
+                                                                      decision) -> None:
+    assert exit_.verdict == verdict
+    assert decide(exit_.verdict, restarts_done=0, max_restarts=2) is decision
 
 
 @pytest.mark.parametrize(("code", "done", "max_restarts", "policy", "decision"), [

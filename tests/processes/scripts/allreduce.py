@@ -1,13 +1,18 @@
 """Test task: one all-reduce over the collective transport, then behave as told by argv.
 
 Usage: allreduce.py [--fail TASK] [--hang TASK|all] [--pidfile-dir DIR] [--check-token]
-                    [--kill-self-first-attempt TASK]
+                    [--kill-self-first-attempt TASK] [--linger TASK]
+
+``--linger TASK``: that task's interpreter hangs for 60 s at exit (an exit hook that never
+returns, as a library's may), so it outlasts clusterctl's grace and is killed.
 """
 
 import argparse
+import atexit
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 
@@ -17,6 +22,7 @@ from cluster.collectives import CollectiveGroup, ReduceOp
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail", default="")
 parser.add_argument("--kill-self-first-attempt", default="")
+parser.add_argument("--linger", default="")
 parser.add_argument("--hang", default="")
 parser.add_argument("--pidfile-dir", default="")
 parser.add_argument("--check-token", action="store_true")
@@ -42,6 +48,8 @@ if args.check_token:
             pass
     print(f"{rt.task} token in env: {bool(token)}, in any command line: {in_cmdline}",
           flush=True)
+if rt.task == args.linger:
+    atexit.register(time.sleep, 60)
 if rt.task == args.fail:
     raise ValueError(f"boom from {rt.task}")
 if rt.task == args.kill_self_first_attempt and os.environ.get("CLUSTER_RESTART_COUNT") == "0":
