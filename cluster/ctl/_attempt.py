@@ -337,17 +337,13 @@ class Attempt:
 
     @staticmethod
     def _declared(task: TaskProcess, code: int) -> int | None:
-        """The exit code ``task`` recorded for its own failure when the launcher's signal then
-        ended it (``code``: 128 + the signal), else ``None`` (:attr:`policy.TaskExit.declared`).
-        The record is its word on why it failed, written first thing; the signal only says it
-        was slow to leave."""
-        if not task.stopped or not exitcodes.is_retryable(code):
-            return None
-        record = task.error_record()  # unlinked at each start: this process wrote it
-        if record is None or record.exit_code in (0, code) or policy.is_secondary(
-                task.name, record.exit_code, record.root_task):
-            return None
-        return record.exit_code
+        """What ``task`` recorded for its own failure before the launcher's signal ended it
+        (:func:`policy.declared_code`); its record is unlinked at each start, so this process
+        wrote it."""
+        record = task.error_record() if task.stopped else None
+        return policy.declared_code(task.name, code, task.stopped,
+                                    record.exit_code if record else None,
+                                    record.root_task if record else "")
 
     def _stop_all(self, why: str) -> None:
         running = [t for t in self.tasks if t.running and not t.stopped]

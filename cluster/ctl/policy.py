@@ -35,6 +35,7 @@ __all__ = [
     "assess",
     "blame_chain",
     "decide",
+    "declared_code",
     "failed_exit_code",
     "is_secondary",
     "on_elastic_exit",
@@ -212,6 +213,18 @@ def _first_failure(exits: list[TaskExit]) -> TaskExit | None:
         if chosen:
             return chosen[0]
     return None
+
+
+def declared_code(task: str, code: int, stopped: bool, record_code: int | None,
+                  record_root: str = "") -> int | None:
+    """:attr:`TaskExit.declared` for ``task``, which exited with ``code`` (``stopped``: after
+    the launcher's or Slurm's signal), given the exit code and ``root_task`` of the error
+    record its process wrote (``record_code`` ``None``: none). The recorded code when a
+    signalled task's own failure is on record (the record is written first thing; the signal
+    only says it was slow to leave), else ``None``."""
+    if not stopped or not exitcodes.is_retryable(code) or record_code in (None, 0, code):
+        return None
+    return None if is_secondary(task, record_code, record_root) else record_code
 
 
 def is_secondary(task: str, code: int, root_task: str) -> bool:

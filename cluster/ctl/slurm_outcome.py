@@ -44,8 +44,18 @@ def read_exits(run_dir: Path, tasks: list[str]) -> list[policy.TaskExit]:
             continue
         found.append((when, task, code, stopped))
     found.sort()
-    return [policy.TaskExit(task, exitcodes.normalize(code), order, stopped)
+    return [policy.TaskExit(task, exitcodes.normalize(code), order, stopped,
+                            _declared(run_dir, tasks.index(task), task,
+                                      exitcodes.normalize(code), stopped))
             for order, (_, task, code, stopped) in enumerate(found)]
+
+
+def _declared(run_dir: Path, rank: int, task: str, code: int, stopped: bool) -> int | None:
+    """What the task recorded for its own failure before Slurm's signal ended it
+    (:func:`policy.declared_code`)."""
+    record = lifecycle.read_error_file(run_dir / f"{rank}.error.json") if stopped else None
+    return policy.declared_code(task, code, stopped, record.exit_code if record else None,
+                                record.root_task if record else "")
 
 
 def decide(exits: list[policy.TaskExit], mode: str,
@@ -59,8 +69,8 @@ def decide(exits: list[policy.TaskExit], mode: str,
     elif srun_exit == 0:
         return exitcodes.EXIT_OK, None
     root = policy.root_cause(exits, mode)
-    if root is not None and root.code != 0:
-        return root.code, root
+    if root is not None and root.verdict != 0:
+        return root.verdict, root
     return exitcodes.normalize(srun_exit), None
 
 
@@ -89,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         node = f" on {(args.run_dir / f'{rank}.exit').read_text().split()[3]}"
     except (OSError, IndexError):
         node = ""
-    print(f"[slurm] the run failed: {root.task}{node} exited {exitcodes.describe(code)}: "
-          f"{cause}", file=sys.stderr, flush=True)
+    how = (f"exited {exitcodes.describe(code)}" if root.declared is None else
+           f"failed {exitcodes.describe(code)}, then was killed "
+           f"{exitcodes.describe(root.code)} on its way out")
+    print(f"[slurm] the run failed: {root.task}{node} {how}: {cause}", file=sys.stderr,
+          flush=True)
     return code
 
 

@@ -12,6 +12,7 @@ from cluster.ctl.policy import (
     TaskExit,
     assess,
     decide,
+    declared_code,
     failed_exit_code,
     on_task_exit,
     root_cause,
@@ -65,6 +66,20 @@ def E(task, code, order, stopped=False, declared=None):  # noqa: N802
 def test_root_cause(exits, root) -> None:
     found = root_cause(exits)
     assert (found.task if found else None) == root
+
+
+@pytest.mark.parametrize(("task", "code", "stopped", "record", "root", "declared"), [
+    ("worker:1", 137, True, 1, "", 1),  # its own failure, then killed on its way out
+    ("worker:1", 143, True, 2, "", 2),
+    ("worker:1", 137, False, 1, "", None),  # not signalled by the launcher: the code stands
+    ("worker:1", 1, True, 1, "", None),  # it exited as it recorded
+    ("worker:1", 137, True, None, "", None),  # nothing on record
+    ("worker:1", 137, True, 0, "", None),
+    ("worker:0", 137, True, 201, "worker:1", None),  # it only followed a peer
+    ("worker:0", 137, True, 1, "worker:1", None),
+])
+def test_declared_code(task, code, stopped, record, root, declared) -> None:
+    assert declared_code(task, code, stopped, record, root) == declared
 
 
 @pytest.mark.parametrize(("exit_", "verdict", "decision"), [

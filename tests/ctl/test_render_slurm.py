@@ -153,6 +153,25 @@ def test_outcome_reads_the_wrappers_records_and_names_the_root_cause(tmp_path: P
                                        "(uncaught exception): ValueError: boom\n")
 
 
+def test_a_root_cause_killed_on_its_way_out_fails_with_the_code_it_recorded(tmp_path: Path,
+                                                                            capsys):
+    # worker:1 recorded its ValueError (exit 1), then hung at exit until Slurm killed the step.
+    (tmp_path / "0.exit").write_text("201 1700000001.5 0 node1\n")
+    (tmp_path / "1.exit").write_text("201 1700000001.6 0 node1\n")
+    (tmp_path / "2.exit").write_text("137 1700000009.0 1 node2\n")
+    (tmp_path / "2.error.json").write_text('{"task": "worker:1", "error_type": "ValueError", '
+                                           '"message": "boom", "exit_code": 1}')
+    tasks = ["chief:0", "worker:0", "worker:1"]
+    assert [(e.task, e.code, e.declared) for e in read_exits(tmp_path, tasks)] == [
+        ("chief:0", 201, None), ("worker:0", 201, None), ("worker:1", 137, 1)]
+    code = main(["--mode", "collective", "--tasks", ",".join(tasks), "--srun-exit", "201",
+                 str(tmp_path)])
+    assert code == 1  # permanent: srun's 201 and the 137 would both say "retry"
+    assert capsys.readouterr().err == (
+        "[slurm] the run failed: worker:1 on node2 failed 1 (uncaught exception), then was "
+        "killed 137 (SIGKILL) on its way out: ValueError: boom\n")
+
+
 def test_a_rank_slurm_placed_elsewhere_is_refused_naming_the_fix(monkeypatch):
     step = {"SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node[1-2]",
             "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NUM_TASKS": "3"}
