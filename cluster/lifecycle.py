@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from cluster import exitcodes
 from cluster import settings as task_settings
@@ -31,6 +31,7 @@ __all__ = [
     "ErrorRecord",
     "Terminated",
     "absorb_termination",
+    "exit_with",
     "install_termination_handlers",
     "read_error_file",
     "setup_logging",
@@ -99,6 +100,18 @@ def absorb_termination(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT
 
     for signum in signums:
         signal.signal(signum, note)
+
+
+def exit_with(code: int) -> NoReturn:
+    """Exit the process with ``code``, which a SIGTERM or SIGINT arriving during the
+    interpreter's teardown can no longer change: both are ignored from here on. (The teardown
+    puts back the default action of every signal with a Python handler before it collects
+    garbage and destroys modules, so the launcher's fail-fast SIGTERM, racing a task already
+    on its way out with its own code, would otherwise kill it: a recorded exit 1 would read
+    143.) The launcher's SIGKILL after its grace still bounds a teardown that hangs."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def setup_logging() -> None:

@@ -98,7 +98,7 @@ def _fail(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    lifecycle.exit_with(run(sys.argv[1:] if argv is None else argv))
 
 
 def run(argv: list[str]) -> int:
