@@ -1,8 +1,10 @@
 """How ``uv run pytest`` spreads the suite over the machine's cores (pytest-xdist).
 
-``uv run pytest -n auto`` runs the suite on a worker process per core (``--dist loadgroup`` is
-in ``pyproject.toml``'s options); without ``-n`` it runs in one process, in the files' order, and
-this plugin does nothing. A worker takes whole groups, and a test's group is:
+``uv run pytest`` runs the suite on worker processes (``-n auto --dist loadgroup`` are in
+``pyproject.toml``'s options): one per core, at most :data:`MAX_WORKERS`, and one per
+:data:`GIB_PER_WORKER` of available memory, since one test may start a cluster of Keras
+processes. ``-n 0`` runs it in one process, in the files' order, where this plugin only
+answers that count. A worker takes whole groups, and a test's group is:
 
 - ``examples`` for every test that reads a documented example run (the ``example_runs``
   fixture, ``tests/_examples.py``): the runs are made once per session, and a session is one
@@ -24,12 +26,21 @@ Registered as a plugin by ``tests/conftest.py``.
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-__all__ = ["DURATIONS", "group_of"]
+__all__ = ["DURATIONS", "GIB_PER_WORKER", "MAX_WORKERS", "auto_workers", "group_of"]
+
+MAX_WORKERS = 4
+"""Workers ``-n auto`` starts at most: the end-to-end tests start several processes each, so a
+worker per core of a big machine would crowd it, not finish sooner."""
+
+GIB_PER_WORKER = 4
+"""Available memory per worker: a Keras test's cluster takes about 2 GiB (four processes of
+about 450 MiB), and the other worker's test may take as much."""
 
 DURATIONS = Path(__file__).with_name("durations.json")
 
@@ -41,6 +52,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--record-durations", action="store_true", default=False,
                      help=f"write each test file's seconds in this run to {DURATIONS.name} "
                           "(the order parallel runs hand groups out in)")
+
+
+def auto_workers(cores: int, available_gib: float) -> int:
+    """How many workers ``-n auto`` starts on a machine with ``cores`` and that much memory
+    available: one per core and per :data:`GIB_PER_WORKER`, at least 1, at most
+    :data:`MAX_WORKERS`."""
+    return max(1, min(cores, int(available_gib // GIB_PER_WORKER), MAX_WORKERS))
+
+
+def _available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return float(GIB_PER_WORKER * MAX_WORKERS)  # not Linux: the cores decide
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return auto_workers(cores or 1, _available_gib())
 
 
 def _file(nodeid: str) -> str:

@@ -79,3 +79,20 @@ def test_one_process_keeps_the_files_order(tmp_path, monkeypatch) -> None:
     assert [i.nodeid for i in items] == ["tests/short.py::t", "tests/long.py::t"]
     assert [i.groups for i in items] == [[], []]
 
+
+
+@pytest.mark.parametrize(("cores", "gib", "workers"), [
+    (2, 24.0, 2),  # this VM and CI: a worker per core
+    (16, 128.0, 4),  # a server: capped, each test starts processes of its own
+    (8, 7.9, 1),  # a laptop short of memory: one Keras cluster at a time
+    (8, 12.0, 3),
+    (1, 64.0, 1),
+    (4, 0.5, 1),  # never none
+])
+def test_auto_workers_follow_cores_and_memory(cores, gib, workers) -> None:
+    assert _schedule.auto_workers(cores, gib) == workers
+
+
+def test_xdist_asks_the_plugin_for_the_count() -> None:
+    count = _schedule.pytest_xdist_auto_num_workers(SimpleNamespace())  # type: ignore[arg-type]
+    assert 1 <= count <= _schedule.MAX_WORKERS
