@@ -54,7 +54,7 @@ from cluster import exitcodes, lifecycle
 from cluster.ctl import _telemetry, policy
 from cluster.ctl._attempt import Attempt, Outcome, SignalPipe
 from cluster.ctl._output import Console, use_color
-from cluster.ctl._task_process import TaskProcess, TaskStartError
+from cluster.ctl._task_process import TaskStartError
 from cluster.ctl.certs import prepare_run
 from cluster.ctl.ports import ensure_fd_limit, taken_addresses
 from cluster.ctl.spec import ClusterFile
@@ -336,16 +336,6 @@ def _failed_by_itself(record: lifecycle.ErrorRecord | None) -> bool:
                                                           record.root_task)
 
 
-def _exited(root: policy.TaskExit, task: TaskProcess) -> str:
-    """``worker:1 exited 1 (uncaught exception): ValueError: ...``; for a task killed after it
-    recorded its own failure, both codes: ``worker:1 failed 1 (uncaught exception), then was
-    killed 137 (SIGKILL) on its way out: ...``."""
-    if root.declared is None:
-        return f"{root.task} exited {exitcodes.describe(root.code)}: {task.cause()}"
-    return (f"{root.task} failed {exitcodes.describe(root.declared)}, then was killed "
-            f"{exitcodes.describe(root.code)} on its way out: {task.cause()}")
-
-
 def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
             root: policy.TaskExit | None, run_dir: Path, attempts: int,
             elapsed: float) -> LaunchResult:
@@ -366,7 +356,8 @@ def _result(spec: ClusterFile, attempt: Attempt, outcome: Outcome,
         if culprit != root.task and _failed_by_itself(records.get(culprit)):
             root = next((e for e in reversed(outcome.exits) if e.task == culprit), root)
         task = next(t for t in attempt.tasks if t.name == root.task)
-        result.root_cause = _unresponsive(attempt, outcome, root) or _exited(root, task)
+        result.root_cause = (_unresponsive(attempt, outcome, root)
+                             or f"{root.task} {root.ended()}: {task.cause()}")
         if outcome.note and root.stopped:  # the elastic side failed it, not this task
             result.root_cause = outcome.note
         elif outcome.note:  # an elastic run with too few tasks left: who is gone

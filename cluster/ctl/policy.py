@@ -92,6 +92,15 @@ class TaskExit:
         its exit code. A permanent failure stays permanent when a SIGKILL ends its exit."""
         return self.code if self.declared is None else self.declared
 
+    def ended(self) -> str:
+        """How it ended, for a root-cause line: ``exited 1 (uncaught exception)``, or for a
+        task killed after it recorded its own failure, both codes: ``failed 1 (uncaught
+        exception), then was killed 137 (SIGKILL) on its way out``."""
+        if self.declared is None:
+            return f"exited {exitcodes.describe(self.code)}"
+        return (f"failed {exitcodes.describe(self.declared)}, then was killed "
+                f"{exitcodes.describe(self.code)} on its way out")
+
 
 def _job(task: str) -> str:
     return task.split(":", 1)[0]

@@ -34,20 +34,19 @@ __all__ = ["decide", "main", "read_exits"]
 def read_exits(run_dir: Path, tasks: list[str]) -> list[policy.TaskExit]:
     """The exits the tasks' wrappers recorded, ordered by time (``order`` 0 = first); a task
     with no readable file (killed with its wrapper, or not on this filesystem) is left out."""
-    found: list[tuple[float, str, int, bool]] = []
+    found: list[tuple[float, int, str, int, bool]] = []
     for rank, task in enumerate(tasks):
         try:
             fields = (run_dir / f"{rank}.exit").read_text().split()
-            code, when = int(fields[0]), float(fields[1])
+            code, when = exitcodes.normalize(int(fields[0])), float(fields[1])
             stopped = len(fields) > 2 and fields[2] == "1"
         except (OSError, ValueError, IndexError):
             continue
-        found.append((when, task, code, stopped))
+        found.append((when, rank, task, code, stopped))
     found.sort()
-    return [policy.TaskExit(task, exitcodes.normalize(code), order, stopped,
-                            _declared(run_dir, tasks.index(task), task,
-                                      exitcodes.normalize(code), stopped))
-            for order, (_, task, code, stopped) in enumerate(found)]
+    return [policy.TaskExit(task, code, order, stopped,
+                            _declared(run_dir, rank, task, code, stopped))
+            for order, (_, rank, task, code, stopped) in enumerate(found)]
 
 
 def _declared(run_dir: Path, rank: int, task: str, code: int, stopped: bool) -> int | None:
@@ -99,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         node = f" on {(args.run_dir / f'{rank}.exit').read_text().split()[3]}"
     except (OSError, IndexError):
         node = ""
-    how = (f"exited {exitcodes.describe(code)}" if root.declared is None else
-           f"failed {exitcodes.describe(code)}, then was killed "
-           f"{exitcodes.describe(root.code)} on its way out")
-    print(f"[slurm] the run failed: {root.task}{node} {how}: {cause}", file=sys.stderr,
-          flush=True)
+    print(f"[slurm] the run failed: {root.task}{node} {root.ended()}: {cause}",
+          file=sys.stderr, flush=True)
     return code
 
 
