@@ -30,7 +30,7 @@ RESULTS = Path("bench/results")
 OUT_DIR = Path("docs/benchmarks")
 # The index lists these first, in this order; any other result follows by name.
 ORDER = ("strategy", "strategy-bert", "strategy-16core", "torch_ddp", "torch_ddp-16core",
-         "keras_fit", "allreduce", "allreduce-16core", "allreduce-hosts", "ps", "ps-tls",
+         "keras_fit", "allreduce", "allreduce-16core", "allreduce-hosts", "membw", "ps", "ps-tls",
          "tcp_tls", "checkpoint", "scale", "coordination", "elastic")
 
 INTRO = """\
@@ -70,9 +70,8 @@ uv run python tools/bench_pages.py
 ```
 
 `bench/strategy.py`, `bench/allreduce.py`, `bench/torch_ddp.py`, `bench/ps.py`,
-`bench/tcp_tls.py`, `bench/checkpoint.py`, `bench/scale.py` and `bench/elastic.py` take
-`--json PATH`; the schema
-is `bench/record.py`.
+`bench/tcp_tls.py`, `bench/checkpoint.py`, `bench/scale.py`, `bench/elastic.py` and
+`bench/membw.py` take `--json PATH`; the schema is `bench/record.py`.
 `tests/bench/test_bench_pages.py` checks every result file against the schema and that the
 committed pages are those the result files give.
 """

@@ -10,6 +10,9 @@
 #   bash tools/server_bench.sh --python python3    # that interpreter, not the project's uv env
 #
 # Sections (each prints the machine: cores, CPU model, cores per rank):
+#   0. bench/membw.py: the memory bandwidth of 1, 2, 4, ... 16 processes copying, adding and
+#      reading each other (process_vm_readv) at once, and the floor it puts under a 64 MiB
+#      all-reduce at N = 2, 4, 8: whether a row is bound by memory or by our code (20-30 s).
 #   1. bench/allreduce.py: N = 2, 4, 8 at 4 KiB and 64 MiB, shared memory (shm) and the network
 #      path (tcp) beside gloo, medians of 3 rounds (fresh processes each), with CPU per byte and
 #      the busiest thread's CPU per byte; the network path twice, with the lanes it picks
@@ -39,8 +42,8 @@ while (($#)); do
         --print) print_only=1 ;;
         --out) out="${2:?--out needs a directory}"; shift ;;
         --python) py=("${2:?--python needs an interpreter}"); shift ;;
-        --only) only=",${2:?--only needs a comma list of allreduce, strategy, torch_ddp, threads},"; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        --only) only=",${2:?--only needs a comma list of membw, allreduce, strategy, torch_ddp, threads},"; shift ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "server_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -53,12 +56,14 @@ export PYTHONUNBUFFERED=1
 if ((quick)); then
     nprocs=2
     profiles=("shm 2")
+    membw=(--procs 1,2 --size 1M --iters 3 --nprocs 2)
     allreduce=(--nprocs 2 --sizes 4K,1M --iters 5 --warmup 2 --rounds 1)
     strategy=(--nprocs 2 --sizes= --models resnet50 --model-iters 1 --model-warmup 1)
     torch_ddp=(--nprocs 2 --models 1M --repeats 1 --steps 2 --warmup 1)
 else
     nprocs=2,4,8
     profiles=("shm 4" "shm 8" "tcp 8")
+    membw=(--nprocs "$nprocs" --iters 10)
     allreduce=(--nprocs "$nprocs" --sizes 4K,64M --iters 10 --warmup 3 --rounds 3)
     strategy=(--nprocs "$nprocs" --sizes= --models resnet50,bert-base --model-iters 3
               --model-warmup 1)
@@ -66,6 +71,7 @@ else
 fi
 
 commands=(
+    "server-membw|bench/membw.py ${membw[*]}"
     # The one-lane column adds 9 launches (3 N x 3 rounds) of a few seconds each (process start
     # dominates; 13 all-reduces of 64 MiB take about a second): estimated +40 s, this section
     # about 3 minutes of the 8.
