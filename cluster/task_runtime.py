@@ -362,7 +362,8 @@ class TaskRuntime:
         if event.kind is EventKind.FAILED:
             self._on_failure_report(event)
         elif event.kind is EventKind.LOST:
-            self._on_peer_lost(event.task, event.message or "lost")
+            found = f", as {event.reporter} found" if event.reporter else ""  # else: its silence
+            self._on_peer_lost(event.task, (event.message or "lost") + found)
         elif event.kind is EventKind.ABORTED:
             transport = self._transport
             if (transport is not None and not transport.closed

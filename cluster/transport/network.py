@@ -459,7 +459,7 @@ class NetworkTransport(Transport):
         if plane is not None:
             plane.drop(peer.rank)  # a send blocked on a hung peer must not wait forever
         if report and first and self._on_peer_lost is not None and not self.closed:
-            self._on_peer_lost(peer, str(error))  # others learn the root cause from it
+            self._on_peer_lost(peer, _reason(peer, str(error)))  # others learn the cause
 
     def peer_lost(self, task: str, why: str) -> None:
         """``task`` is lost, as the caller learnt elsewhere (the coordination service): fail
@@ -467,7 +467,7 @@ class NetworkTransport(Transport):
         peer = next((p for p in self._peers if p.task == task), None)
         if peer is None or peer.rank == self.rank or self.closed:
             return
-        self._peer_lost(peer, PeerUnavailableError(f"{peer} is unavailable: {why}",
+        self._peer_lost(peer, PeerUnavailableError(f"{peer} is unavailable: {_reason(peer, why)}",
                                                    task=peer.task, address=peer.address),
                         report=False)
 
@@ -478,7 +478,7 @@ class NetworkTransport(Transport):
             self.aborted_by_peer(task, reason)
             return
         self._peer_lost(peer, PeerUnavailableError(
-            f"{peer} is unavailable, as {task} found: {reason}",
+            f"{peer} is unavailable, as {task} found: {_reason(peer, reason)}",
             task=peer.task, address=peer.address))
 
     def _tell_peers(self, request: collective_pb2.AbortRequest, timeout: float,
@@ -573,3 +573,9 @@ class NetworkTransport(Transport):
         self.closed = True
         self._mailbox.close()
         close_channels(self._channels.values(), deadline, what=f"{self._me.task}'s peer channel")
+
+
+def _reason(peer: PeerInfo, message: str) -> str:
+    """Why ``peer`` is lost, from ``message``: another task's error about it opens with
+    ``"{peer} is unavailable: "`` too, and wrapped again it would say so twice."""
+    return message.removeprefix(f"{peer} is unavailable: ")
