@@ -54,10 +54,8 @@ from cluster.ctl.spec import ClusterFile
 from cluster.ctl.task_config import tf_config
 from cluster.deadline import Deadline
 from cluster.settings import (
-    ENV_CONNECT_TIMEOUT,
     ENV_ERROR_FILE,
     ENV_GRACE_PERIOD,
-    ENV_HEARTBEAT_TIMEOUT,
     ENV_LAUNCHER_PID,
     ENV_RESTART_COUNT,
     ENV_TOKEN,
@@ -174,8 +172,7 @@ class Attempt:
             ENV_ERROR_FILE: str(task.error_path),
             ENV_LAUNCHER_PID: str(os.getpid()),
             ENV_RESTART_COUNT: str(self._restarts),
-            ENV_CONNECT_TIMEOUT: f"{self.spec.timeouts.startup:g}",
-            ENV_HEARTBEAT_TIMEOUT: f"{self.spec.timeouts.heartbeat:g}",
+            **self.spec.timeouts.task_env(),  # startup, heartbeat, stall
             ENV_GRACE_PERIOD: f"{self.spec.timeouts.grace:g}",  # SIGTERM to SIGKILL, as here
             "PYTHONUNBUFFERED": "1",
         })

@@ -10,7 +10,6 @@ the reference of every key.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from cluster.ctl._checker import Checker, Problem, kind_of, scalar_text
 from cluster.ctl._elastic import ENV_ELASTIC, Elastic, elastic_problems, parse_elastic
 from cluster.ctl._network import check_ports, parse_host, parse_port_base
 from cluster.ctl._resources import parse_resources
+from cluster.ctl._timeouts import HEARTBEAT_RANGE, Timeouts, env_problems, parse_timeouts
 from cluster.ctl._tls_spec import TlsSpec, parse_tls
 from cluster.ctl._yaml import Located, YamlError, load
 from cluster.ctl.policy import COLLECTIVE, COORDINATOR, MODES
@@ -46,36 +46,12 @@ __all__ = [
 
 MAX_TASKS = 1024  # default limits.max_tasks (docs/guide/cluster-file.md, "Limits at scale")
 MAX_FILE_BYTES = 1 << 20  # a cluster file larger than this is refused unread
-# timeouts.heartbeat: at least two heartbeat intervals (0.5 s each), or a busy machine's
-# scheduling delay reads as a lost peer; at most an hour, or a frozen task goes unnoticed for
-# longer than any checkpoint interval (a hard limit on a run is timeouts.run).
-HEARTBEAT_RANGE = (1.0, 3600.0)
 RESERVED_ENV = ("TF_CONFIG", "CLUSTER_TOKEN", "CLUSTER_ERROR_FILE", "CLUSTER_LAUNCHER_PID",
                 "CLUSTER_RESTART_COUNT", ENV_ELASTIC)
 RESTART_POLICIES = ("exit-code", "on-failure", "never")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Seconds. ``startup``: tasks wait this long for their peers; ``grace``: SIGTERM to SIGKILL;
-    ``run``: optional limit on each attempt; ``heartbeat``: a silent peer is lost after this."""
-
-    startup: float = 60.0
-    grace: float = 10.0
-    run: float | None = None
-    heartbeat: float = 3.0  # TaskSettings.heartbeat_timeout: docs/guide/across-hosts.md
-
-    def __post_init__(self) -> None:
-        low, high = HEARTBEAT_RANGE
-        if not (0 < self.startup < math.inf and 0 <= self.grace < math.inf
-                and low <= self.heartbeat <= high):
-            raise ValueError(f"timeouts must be finite and positive, heartbeat {low:g} to "
-                             f"{high:g}: {self}")
-        if self.run is not None and not 0 < self.run < math.inf:
-            raise ValueError(f"timeouts.run must be > 0 and finite, or None; got {self.run!r}")
 
 
 @dataclass(frozen=True)
@@ -203,7 +179,6 @@ _TOP_KEYS = ("name", "mode", "entrypoint", "module", "args", "workdir", "env", "
              "port_base", "restart", "log_dir", "timeouts", "limits", "resources", "tls",
              "timeline", "elastic")
 _RESTART_KEYS = ("max_restarts", "policy", "max_worker_restarts")
-_TIMEOUT_KEYS = ("startup", "grace", "run", "heartbeat")
 _LIMIT_KEYS = ("max_tasks",)
 
 
@@ -437,28 +412,6 @@ def _log_dir(c: Checker, top: dict[str, Located], where: _Where) -> Path:
     return path
 
 
-def _timeouts(c: Checker, node: Located) -> Timeouts | None:
-    timeouts = c.mapping(node, "timeouts", _TIMEOUT_KEYS, "timeouts in seconds")
-    if timeouts is None:
-        return None
-    kwargs = {}
-    for key in _TIMEOUT_KEYS:
-        if key not in timeouts or (key == "run" and timeouts[key].value is None):
-            continue
-        if key == "heartbeat":
-            low, high = HEARTBEAT_RANGE
-            v = c.number(timeouts[key], "timeouts.heartbeat", minimum=low, strict=False,
-                         maximum=high, hint=f"seconds of silence before a peer is lost: "
-                         f"{low:g} to {high:g} (default {Timeouts.heartbeat:g})")
-        else:
-            v = c.number(timeouts[key], f"timeouts.{key}", minimum=0, strict=key != "grace",
-                         hint="leave timeouts.run out for no limit" if key == "run"
-                         else "a number of seconds")
-        if v is not None:
-            kwargs[key] = float(v)
-    return Timeouts(**kwargs)
-
-
 def _limits(c: Checker, node: Located) -> Limits | None:
     limits = c.mapping(node, "limits", _LIMIT_KEYS, "limits")
     if limits is None:
@@ -536,7 +489,9 @@ def parse_cluster_file(text: str, path: Path, *, tls_files: bool = True) -> Clus
         values["restart"] = _restart(c, top["restart"], where)
     values["log_dir"] = _log_dir(c, top, where)
     if "timeouts" in top:
-        values["timeouts"] = _timeouts(c, top["timeouts"])
+        values["timeouts"] = parse_timeouts(c, top["timeouts"])
+    if values.get("env"):
+        env_problems(c, top["env"], values["env"], values.get("timeouts", Timeouts()))
     if "limits" in top:
         values["limits"] = _limits(c, top["limits"])
     if "resources" in top:

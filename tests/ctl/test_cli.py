@@ -130,6 +130,23 @@ def test_valid_file_parses_into_frozen_dataclasses(tmp_path) -> None:
         spec.name = "other"  # type: ignore[misc]
 
 
+def test_stall_is_the_tasks_default_unless_the_file_or_its_env_gives_it(tmp_path) -> None:
+    def parsed(extra: str):
+        path = write(tmp_path, GOOD + extra)
+        return parse_cluster_file(path.read_text(), path)
+
+    assert parsed("").timeouts.stall is None
+    assert "CLUSTER_STALL_TIMEOUT" not in parsed("").timeouts.task_env()
+    spec = parsed("timeouts: {heartbeat: 5, stall: 120}\n")
+    assert spec.timeouts == Timeouts(heartbeat=5.0, stall=120.0)
+    assert spec.timeouts.task_env() == {"CLUSTER_CONNECT_TIMEOUT": "60",
+                                        "CLUSTER_HEARTBEAT_TIMEOUT": "5",
+                                        "CLUSTER_STALL_TIMEOUT": "120"}
+    assert parsed("timeouts: {stall: null}\n").timeouts.stall is None
+    # Without timeouts.stall, env: may still set it (the variable then reaches the tasks as is)
+    assert parsed("env: {CLUSTER_STALL_TIMEOUT: '90'}\n").env == {"CLUSTER_STALL_TIMEOUT": "90"}
+
+
 def test_validate_ok(tmp_path, capsys) -> None:
     assert main(["validate", str(write(tmp_path, GOOD))]) == 0
     assert "OK: run 'demo', tasks chief:0, worker:0, worker:1" in capsys.readouterr().out

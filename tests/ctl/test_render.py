@@ -147,6 +147,20 @@ def test_k8s_objects_follow_the_pod_contract() -> None:
         assert all(e["value"] == "1" for e in env if e["name"] == "CLUSTER_STOP_WITH_COORDINATOR")
 
 
+@pytest.mark.parametrize("fmt", ["k8s", "tfjob"])
+def test_every_pod_gets_the_stall_timeout_the_file_gives(tmp_path, fmt) -> None:
+    path = write(tmp_path, RICH.replace("heartbeat: 10,", "heartbeat: 10, stall: 300,"))
+    pods = [c for doc in documents(path, fmt) for _, c in containers(doc)]
+    assert len(pods) >= 4  # chief, worker, ps, evaluator
+    for container in pods:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["CLUSTER_HEARTBEAT_TIMEOUT"], env["CLUSTER_STALL_TIMEOUT"]) == ("10", "300")
+    # Not given: the pods keep the tasks' default (nothing rendered for it)
+    for container in (c for doc in documents(write(tmp_path, RICH), fmt)
+                      for _, c in containers(doc)):
+        assert "CLUSTER_STALL_TIMEOUT" not in {e["name"] for e in container["env"]}
+
+
 def test_each_pods_tf_config_is_what_clusterctl_would_give_it_at_its_dns_name() -> None:
     spec = load_cluster_file(EXAMPLES[1])
     _, *jobs = documents(EXAMPLES[1], "k8s", namespace="ml")

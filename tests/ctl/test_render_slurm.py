@@ -111,6 +111,16 @@ def test_arguments_multi_prog_cannot_carry_are_refused(tmp_path):
         render_slurm(load_cluster_file(path))
 
 
+def test_a_stall_timeout_the_file_gives_is_exported_with_the_others(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"entrypoint: {QUICKSTART.parent / 'train.py'}\ncluster: {{worker: 2}}\n"
+                    "timeouts: {heartbeat: 5, stall: 90}\n")
+    script = render_slurm(load_cluster_file(path))
+    assert ("export CLUSTER_CONNECT_TIMEOUT=60 CLUSTER_HEARTBEAT_TIMEOUT=5 "
+            "CLUSTER_STALL_TIMEOUT=90 PYTHONUNBUFFERED=1\n") in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True, timeout=30).returncode == 0
+
+
 def _exit(task: str, code: int, order: int, stopped: bool = False) -> policy.TaskExit:
     return policy.TaskExit(task, code, order, stopped)
 

@@ -33,7 +33,7 @@ TOKEN = "test-token-Zq8fW3kP0vY7"  # made recognisable so the test can look for 
 
 
 def cluster_file(tmp_path: Path, marker: str, args: list[str], *, jobs: str,
-                 extra: str = "", grace: float = 5) -> Path:
+                 extra: str = "", grace: float = 5, timeouts: str = "") -> Path:
     path = tmp_path / "cluster.yaml"
     path.write_text(
         f"name: test\n"
@@ -42,7 +42,7 @@ def cluster_file(tmp_path: Path, marker: str, args: list[str], *, jobs: str,
         f"cluster: {jobs}\n"
         f"env: {{CLUSTER_TEST_MARKER: {marker}, OMP_NUM_THREADS: '1'}}\n"
         f"log_dir: {tmp_path / 'runs'}\n"
-        f"timeouts: {{startup: 30, grace: {grace}}}\n" + extra)
+        f"timeouts: {{startup: 30, grace: {grace}{timeouts}}}\n" + extra)
     return path
 
 
@@ -74,6 +74,15 @@ def test_successful_run(tmp_path, marker, monkeypatch) -> None:
     assert json.loads((result.run_dir / "summary.json").read_text())["exit_code"] == 0
     written = out + "".join(p.read_text() for p in result.run_dir.rglob("*") if p.is_file())
     assert TOKEN not in written
+
+
+def test_the_files_timeouts_reach_every_task(tmp_path, marker, monkeypatch) -> None:
+    path = cluster_file(tmp_path, marker, ["--print-timeouts"], jobs="{chief: 1, worker: 1}",
+                        timeouts=", heartbeat: 4, stall: 45")
+    result, out = run(path, monkeypatch)
+    assert result.exit_code == 0, out
+    for task in ("chief:0", "worker:0"):
+        assert f"{task} timeouts: connect=30 heartbeat=4 stall=45" in console_lines(out, task)
 
 
 def test_failing_worker_stops_everyone_and_names_the_root_cause(tmp_path, marker,

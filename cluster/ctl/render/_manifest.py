@@ -20,9 +20,7 @@ from cluster.ctl._elastic import ELASTIC_JOBS, ENV_ELASTIC
 from cluster.ctl.render.api import RenderError, grace_seconds
 from cluster.ctl.spec import ClusterFile
 from cluster.settings import (
-    ENV_CONNECT_TIMEOUT,
     ENV_GRACE_PERIOD,
-    ENV_HEARTBEAT_TIMEOUT,
     ENV_TLS_CA,
     ENV_TLS_CERT,
     ENV_TLS_KEY,
@@ -155,15 +153,15 @@ def command(spec: ClusterFile, job: str) -> list[str]:
 def runtime_env(spec: ClusterFile, job: str | None = None) -> list[dict[str, Any]]:
     """The environment after ``TF_CONFIG`` (and ``CLUSTER_TASK_TYPE``), in this order: the
     token from the run's Secret (never a literal), the timeouts ``clusterctl launch`` passes
-    (``timeouts.startup``, ``timeouts.heartbeat``, and the grace period as the pods get it,
+    (``timeouts.startup``, ``timeouts.heartbeat``, ``timeouts.stall`` where given, and the
+    grace period as the pods get it,
     :func:`grace_seconds`), for a chief or worker ``job`` of an elastic run
     ``CLUSTER_ELASTIC=MIN:MAX``, under ``tls:`` the certificate's paths in the tls Secret's
     mount, then the file's ``env:``."""
     env: list[dict[str, Any]] = [
         {"name": ENV_TOKEN, "valueFrom": {"secretKeyRef": {
             "name": token_secret(spec), "key": TOKEN_KEY}}},
-        {"name": ENV_CONNECT_TIMEOUT, "value": f"{spec.timeouts.startup:g}"},
-        {"name": ENV_HEARTBEAT_TIMEOUT, "value": f"{spec.timeouts.heartbeat:g}"},
+        *({"name": name, "value": value} for name, value in spec.timeouts.task_env().items()),
         {"name": ENV_GRACE_PERIOD, "value": str(grace_seconds(spec))},
     ]
     if spec.elastic is not None and job in ELASTIC_JOBS:

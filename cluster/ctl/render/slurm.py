@@ -233,8 +233,8 @@ def render_slurm(spec: ClusterFile, *, nodes: int | None = None, partition: str 
         "# The cluster's shared secret, made here: never in this file or on a command line.",
         'CLUSTER_TOKEN="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d \' \\n\')"',
         "export CLUSTER_TOKEN",
-        f"export CLUSTER_CONNECT_TIMEOUT={spec.timeouts.startup:g} "
-        f"CLUSTER_HEARTBEAT_TIMEOUT={spec.timeouts.heartbeat:g} PYTHONUNBUFFERED=1",
+        "export " + " ".join(f"{name}={value}" for name, value in spec.timeouts.task_env().items())
+        + " PYTHONUNBUFFERED=1",
         "# SIGTERM to SIGKILL (timeouts.grace): --signal above before the time limit; scancel and",
         "# preemption use the cluster's KillWait / GraceTime, which this job cannot change.",
         f"export {ENV_GRACE_PERIOD}={grace}",

@@ -1,7 +1,7 @@
 """Test task: one all-reduce over the collective transport, then behave as told by argv.
 
 Usage: allreduce.py [--fail TASK] [--hang TASK|all] [--pidfile-dir DIR] [--check-token]
-                    [--kill-self-first-attempt TASK] [--linger TASK]
+                    [--kill-self-first-attempt TASK] [--linger TASK] [--print-timeouts]
 
 ``--linger TASK``: that task's interpreter hangs for 60 s at exit (an exit hook that never
 returns, as a library's may), so it outlasts clusterctl's grace and is killed.
@@ -26,6 +26,7 @@ parser.add_argument("--linger", default="")
 parser.add_argument("--hang", default="")
 parser.add_argument("--pidfile-dir", default="")
 parser.add_argument("--check-token", action="store_true")
+parser.add_argument("--print-timeouts", action="store_true")
 args = parser.parse_args()
 
 rt = cluster.runtime.current() or cluster.runtime.start()
@@ -48,6 +49,10 @@ if args.check_token:
             pass
     print(f"{rt.task} token in env: {bool(token)}, in any command line: {in_cmdline}",
           flush=True)
+if args.print_timeouts:  # what the task's settings took from its environment
+    s = rt.settings
+    print(f"{rt.task} timeouts: connect={s.connect_timeout:g} heartbeat={s.heartbeat_timeout:g} "
+          f"stall={s.stall_timeout:g}", flush=True)
 if rt.task == args.linger:
     atexit.register(time.sleep, 60)
 if rt.task == args.fail:
