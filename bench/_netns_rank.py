@@ -1,6 +1,6 @@
 """One rank of ``bench/allreduce.py --netns-hosts``: run as ``python -m worker`` on an emulated
 host; all-reduces through the public API (the task's runtime, a CollectiveGroup), prints
-``TIMES {"size": [seconds, ...]}`` and the routes the group took.
+``TIMES {"size": [[wall seconds, process CPU seconds], ...]}`` and the routes the group took.
 
 Usage: python -m worker bench/_netns_rank.py SIZES ITERS WARMUP   (SIZES: comma list of bytes)
 """
@@ -8,7 +8,7 @@ Usage: python -m worker bench/_netns_rank.py SIZES ITERS WARMUP   (SIZES: comma 
 import json
 import sys
 
-from _timing import time_all_reduce  # bench/ is on sys.path: this script's directory
+from _timing import time_all_reduce_cpu  # bench/ is on sys.path: this script's directory
 
 import cluster.runtime
 from cluster.collectives import CollectiveGroup, CommunicationOptions
@@ -20,6 +20,6 @@ group = CollectiveGroup(rt.collective_transport(), "bench",
                         CommunicationOptions(timeout_seconds=120),
                         settings=rt.settings.collectives)
 group.barrier()
-times = time_all_reduce(group, sizes, iters, warmup, group.world_size)
+times = time_all_reduce_cpu(group, sizes, iters, warmup, group.world_size)
 print("TIMES " + json.dumps(times), flush=True)
 print("ROUTES " + json.dumps(group.route_counts, sort_keys=True), flush=True)

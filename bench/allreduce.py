@@ -19,7 +19,9 @@ transport: no sockets and no process start, so N can reach the hundreds on a sma
 the threads share the GIL, so its times measure the algorithms' total work, not their
 latency). ``--netns-hosts H`` adds a column: the N tasks spread over H emulated hosts (network
 namespaces, root only; ``bench/_netns_hosts.py``), each ``python -m worker``, so the all-reduce
-is the hierarchical one (shared memory inside a host, the network across the hosts' leaders).
+is the hierarchical one (shared memory inside a host, the network across the hosts' leaders);
+with gloo, a second column runs gloo on the same hosts in the same layout, and the hosts'
+column's ``x gloo`` is against that one (both crossing the same links), not loopback gloo.
 ``--algorithms`` forces the network algorithm (``CLUSTER_COLLECTIVE_ALGORITHM``) on
 the network paths, one column each; ``shm`` always runs ``auto``. ``--lanes`` (``auto``, ``1``,
 ``2``) forces the lanes of the network ring (``CLUSTER_RING_LANES``: one ring, or the data in
@@ -195,12 +197,16 @@ def bench_ours(n: int, sizes: list[int], iters: int, warmup: int, impl: str,
                plane: str, algorithm: str = "auto", lanes: str = "auto") -> Timed:
     if plane == "threads":
         return bench_threads(n, sizes, iters, warmup, impl, algorithm)
-    if plane.startswith("netns"):
-        from bench._netns_hosts import bench_netns
+    if plane.startswith(("netns", "gloo-netns")):
+        from bench._netns_hosts import bench_netns, bench_netns_gloo
 
-        walls = _slowest_rank_medians(
-            bench_netns(n, int(plane[len("netns"):]), sizes, iters, warmup), sizes)
-        return {s: Medians(walls[s]) for s in sizes}
+        gloo = plane.startswith("gloo-")
+        hosts = int(plane.rpartition("netns")[2])
+        ranks = (bench_netns_gloo if gloo else bench_netns)(n, hosts, sizes, iters, warmup)
+        if ranks is None:
+            raise RuntimeError("gloo on netns hosts needs torch: uv sync --inexact --extra torch")
+        return _medians_with_cpu([{"times": r, "threads": dict.fromkeys(sizes)} for r in ranks],
+                                 sizes)
     env = {"CLUSTER_TOKEN": os.urandom(16).hex(),
            "CLUSTER_DATA_PLANE": "tcp" if plane == "shm" else plane,
            "CLUSTER_COLLECTIVE_PATH": "auto" if plane == "shm" else "network",
@@ -444,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     names = column_names(planes, algorithms, lanes)
     if args.netns_hosts:
         names[(f"netns{args.netns_hosts}", "auto", "auto")] = f"{args.netns_hosts} netns hosts"
+        if not args.no_gloo:
+            names[(f"gloo-netns{args.netns_hosts}", "auto", "auto")] = \
+                f"gloo on {args.netns_hosts} netns hosts"
     variants = list(names)
     print(machine_line(ns) + "\n", flush=True)
     if not args.no_model:
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                      f" {fmt_cpu(row['gloo_thread_cpu'])} |" if g else "- | - | - | - |")
             for v in variants:
                 name = names[v]
+                ref = _reference(v, size, g, ours)
                 if ours[v] is None:
                     row[f"{name}_s"] = None
                     line += " failed | - | - | - | - |"
@@ -497,11 +507,11 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{name}_busbw"] = busbw(size, n, t)
                 row[f"{name}_cpu"] = per_byte(cpu, size)
                 row[f"{name}_thread_cpu"] = per_byte(thread, size)
-                row[f"{name}_ratio"] = g / t if g else None
+                row[f"{name}_ratio"] = ref / t if ref else None
                 line += (f" {t * 1e3:.2f} | {busbw(size, n, t):.2f} |"
                          f" {fmt_cpu(row[f'{name}_cpu'])} |"
                          f" {fmt_cpu(row[f'{name}_thread_cpu'])} | ")
-                line += f"{g / t:.2f}x |" if g else "- |"
+                line += f"{ref / t:.2f}x |" if ref else "- |"
             rows.append(row)
             print(line, flush=True)
         busiest_lines.append(busiest_threads_line(n, max(sizes), gloo, ours, names))
@@ -514,6 +524,20 @@ def main(argv: list[str] | None = None) -> int:
                      tables=[result_table(rows, columns)],
                      figures=result_figures(rows, columns), plots=result_plots(columns))
     return 0
+
+
+def _reference(variant: tuple[str, str, str], size: int, gloo: float | None,
+               ours: dict[tuple[str, str, str], Timed | None]) -> float | None:
+    """The gloo time a column's ``x gloo`` divides: gloo on the same emulated hosts for the
+    hosts' column (None where it failed), none for that gloo column itself, loopback gloo for
+    every other."""
+    path = variant[0]
+    if path.startswith("gloo-netns"):
+        return None
+    if path.startswith("netns"):
+        same = ours.get((f"gloo-{path}", "auto", "auto"))
+        return same[size][0] if same else None
+    return gloo
 
 
 def column_names(paths: list[str], algorithms: list[str],

@@ -22,8 +22,9 @@ arrays of ``--size`` bytes each, touched before timing:
 An iteration's time is its slowest process's; the table gives the median, and the bandwidth all
 P processes move together. The roof is the most that any mode moved at any P. The floor table
 gives, per rank count N, the time at the roof of the least traffic any all-reduce of ``--size``
-bytes must move, :func:`floor_bytes` (``2 N n``: every input read once, every output written once, the
-reduced values kept in cache between), and of what the shared-memory path's single copy moves,
+bytes must move, :func:`floor_bytes` (``2 N n``: every input read once, every output written
+once, the reduced values kept in cache between), and of what the shared-memory path's single
+copy moves,
 :func:`single_copy_bytes` (``(3 N - 1) n``: its all-gather reads each reduced segment back from
 memory). A measured all-reduce close to its model's time is bound by memory, not by its code.
 """

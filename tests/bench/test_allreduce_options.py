@@ -91,3 +91,44 @@ def test_the_thread_meter_counts_the_timed_all_reduces_only():
     assert 20e6 <= meter.cpu[threading.get_native_id()] < 28e6
     name, seconds = allreduce.busiest_per_iteration(meter.cpu, 2)
     assert name == threading.current_thread().name and 0.01 <= seconds < 0.014
+
+
+def test_the_hosts_column_is_compared_with_gloo_on_the_same_hosts():
+    ours = {("tcp", "auto", "auto"): {4096: allreduce.Medians(0.002)},
+            ("netns2", "auto", "auto"): {4096: allreduce.Medians(0.004)},
+            ("gloo-netns2", "auto", "auto"): {4096: allreduce.Medians(0.012)}}
+    loopback = 0.003
+    assert allreduce._reference(("tcp", "auto", "auto"), 4096, loopback, ours) == loopback
+    assert allreduce._reference(("netns2", "auto", "auto"), 4096, loopback, ours) == 0.012
+    assert allreduce._reference(("gloo-netns2", "auto", "auto"), 4096, loopback, ours) is None
+    ours[("gloo-netns2", "auto", "auto")] = None  # gloo failed there: no ratio, not loopback's
+    assert allreduce._reference(("netns2", "auto", "auto"), 4096, loopback, ours) is None
+
+
+@pytest.mark.timeout(180)
+def test_gloo_runs_on_emulated_hosts_in_the_layout_ours_does(monkeypatch):
+    from cluster.testing import netns
+    from tests._requires import require
+
+    require("torch")
+    reason = netns.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    from bench._netns_hosts import bench_netns_gloo, layout
+
+    assert layout(4, 2) == {"h1": ["chief:0", "worker:0"], "h2": ["worker:1", "worker:2"]}
+    made = []
+
+    class Recorded(netns.NetnsCluster):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(netns, "NetnsCluster", Recorded)
+    ranks = bench_netns_gloo(2, 2, [4096, 1 << 20], iters=2, warmup=1)
+    assert len(ranks) == 2
+    for times in ranks:  # (wall, CPU) per timed iteration and size; the sums were checked
+        assert sorted(times) == [4096, 1 << 20]
+        assert all(len(t) == 2 and all(w > 0 and c >= 0 for w, c in t) for t in times.values())
+    (hosts,) = made  # its namespaces are gone (other tests' may exist meanwhile)
+    assert not [ns for ns in netns.leftover_namespaces() if ns.startswith(hosts.switch[:-3])]
