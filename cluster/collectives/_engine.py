@@ -14,8 +14,11 @@
   (:class:`~cluster.collectives.hierarchy.HostCollectives`: shared memory inside a host, the
   hierarchical all-reduce across hosts).
 - Path and algorithm: as :class:`~cluster.collectives.group.CollectiveGroup` states them.
-- The host leaders of a group across hosts form an engine of their own (network only, named
-  ``<group>/hosts``), which carries the leaders' step of the ``HIER`` all-reduce.
+- The ranks that carry a ``HIER`` all-reduce across hosts form an engine of their own (network
+  only): on a striped topology (every host the same number of ranks,
+  :attr:`~cluster.collectives.topology.Topology.striped`) each column of ranks, one per host at
+  one local index (``<group>/hosts`` for the leaders, ``<group>/hosts/J`` for the others), else
+  the leaders alone (``<group>/hosts``).
 
 Arrays handed in are NumPy (CuPy only where a method says so); ``owned`` says the engine may
 reduce into one in place. CuPy values that take a host path are copied through the group's
@@ -96,7 +99,7 @@ class GroupEngine:
         # Set by the set-up (the group's first collective):
         self._topology: Topology | None = None
         self._shm: SharedMemoryCollectives | None = None
-        self._leaders: GroupEngine | None = None
+        self._across: GroupEngine | None = None  # this rank's ranks across hosts, if it has
         self._hosts: HostCollectives | None = None
         self._routes: collections.Counter[str] = collections.Counter()
 
@@ -130,8 +133,12 @@ class GroupEngine:
 
     @property
     def route_counts(self) -> dict[str, int]:
-        """Calls per ``kind/route`` so far (see ``CollectiveGroup.route_counts``)."""
-        return dict(self._routes)
+        """Calls per ``kind/route`` so far (see ``CollectiveGroup.route_counts``); those this
+        rank's engine across hosts ran for it as ``hosts/kind/route``."""
+        counts = dict(self._routes)
+        if self._across is not None:
+            counts.update((f"hosts/{k}", v) for k, v in self._across.route_counts.items())
+        return counts
 
     # -- one call ------------------------------------------------------------------------------
 
@@ -279,9 +286,12 @@ class GroupEngine:
                                                 single_copy=self._single_copy)
             self._network.arena = arena
             self._calls.on_abort.append(arena.abort)
-        if not topology.single_host and topology.shares_memory and self.rank in topology.leaders:
-            self._leaders = GroupEngine(
-                SubsetTransport(self._transport, topology.leaders), f"{self._name}/hosts",
+        across = topology.column if topology.striped else topology.leaders
+        if not topology.single_host and topology.shares_memory and self.rank in across:
+            j = topology.local_rank if topology.striped else 0
+            self._across = GroupEngine(
+                SubsetTransport(self._transport, across),
+                f"{self._name}/hosts" + (f"/{j}" if j else ""),
                 self._options, settings=self._settings, small_message_bytes=self._small,
                 chunk_bytes=self._chunk, shm_round_bytes=self._round_bytes,
                 shm_whole_bytes=self._whole_bytes, shared_memory=False,
@@ -293,16 +303,17 @@ class GroupEngine:
         }
         self._hosts = HostCollectives(
             self._shm, self._network, configs=configs, world_size=self.world_size,
-            across_leaders=None if self._leaders is None else self._across_leaders,
+            across_hosts=None if self._across is None else self._across_hosts,
+            striped=topology.striped,
             buffers=self._buffers, staging=self._staging,
         )
 
-    def _across_leaders(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
-        """On a leader (the ``HIER`` route's
-        :data:`~cluster.collectives.hierarchy.AcrossLeaders`): all-reduce its host's flat total
-        ``work`` in place across the leaders (the network ring, within what is left of the
-        call's deadline), then apply MEAN's division over the whole group once."""
-        assert self._leaders is not None
+    def _across_hosts(self, call: Call, work: np.ndarray, op: ReduceOp) -> None:
+        """The ``HIER`` route's :data:`~cluster.collectives.hierarchy.AcrossHosts`: all-reduce
+        flat ``work`` (a host total, or its stripe of one) in place across this rank's engine
+        across hosts (the network ring, within what is left of the call's deadline), then
+        apply MEAN's division over the whole group once."""
+        assert self._across is not None
         timeout = call.deadline.timeout()
         options = CommunicationOptions(
             call.options.bytes_per_pack,
@@ -310,8 +321,8 @@ class GroupEngine:
             call.options.implementation,
         )
         inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        with self._leaders.collective("all_reduce", options, work) as inner_call:
-            self._leaders.all_reduce(inner_call, work, True, inner)
+        with self._across.collective("all_reduce", options, work) as inner_call:
+            self._across.all_reduce(inner_call, work, True, inner)
         finalize(op, work, self.world_size)
 
     def _route(self, call: Call, kind: str) -> Route:

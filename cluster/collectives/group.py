@@ -166,8 +166,10 @@ class CollectiveGroup:
     @property
     def route_counts(self) -> dict[str, int]:
         """How many calls of each kind took each route so far, e.g. ``{"all_reduce/hier": 12,
-        "broadcast/network": 1}`` (``hier``: shared memory inside each host, the network across
-        the hosts' leaders): what proves which path a run really took."""
+        "broadcast/network": 1, "hosts/all_reduce/network": 12}`` (``hier``: shared memory
+        inside each host, the network across hosts; ``hosts/...``: the all-reduces this rank
+        carried across hosts for them, on every rank where every host has the same number of
+        ranks, else on the hosts' leaders): what proves which path a run really took."""
         return self._engine.route_counts
 
     @property

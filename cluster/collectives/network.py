@@ -92,6 +92,12 @@ class NetworkCollectives:
                                  chunk_bytes=self.ring_chunk(nbytes, itemsize),
                                  lanes=self.lanes(nbytes).count)
 
+    @property
+    def small_message_bytes(self) -> int:
+        """Below this, all-reduces take the latency algorithm (recursive doubling), not the
+        ring."""
+        return self._small
+
     def ring_chunk(self, nbytes: int, itemsize: int) -> int:
         """:func:`~cluster.collectives.route.ring_chunk_bytes` for this group."""
         return ring_chunk_bytes(self._chunk, nbytes, itemsize, self.world_size,

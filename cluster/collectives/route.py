@@ -201,8 +201,10 @@ def shm_config(round_bytes: int, whole_bytes: int | None) -> str:
 
 def hier_config(topology: Topology, round_bytes: int, whole_bytes: int | None,
                 algorithm: str) -> str:
-    """The ``HIER`` route's signature text: the shared-memory layout, the hosts, and the
-    leaders' :func:`algorithm_config`."""
+    """The ``HIER`` route's signature text: the shared-memory layout, the hosts, who carries
+    the bytes across them (every rank its stripe, or the leaders) and their
+    :func:`algorithm_config`."""
     whole = "auto" if whole_bytes is None else whole_bytes
     hosts = "|".join(",".join(map(str, h)) for h in topology.hosts)
-    return f"hier/{round_bytes}/{whole}/{hosts}/{algorithm}"
+    across = "striped" if topology.striped else "leaders"
+    return f"hier/{round_bytes}/{whole}/{hosts}/{across}/{algorithm}"

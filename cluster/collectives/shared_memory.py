@@ -413,6 +413,27 @@ class SharedMemoryCollectives:
             i += 1
         return all_rows, out
 
+    def gather_segments(self, seq: int, signature: str, work: np.ndarray, bounds: list[Range],
+                        deadline: Deadline) -> None:
+        """Fill every ``bounds[k]`` of flat ``work`` from local rank ``k``, which holds it (the
+        all-gather half of the direct algorithm, in place): in rounds, each rank stages its
+        segment's part and copies the others' parts out."""
+        arena, me = self.arena, self.rank
+        arena.announce(seq, signature)
+        dtype = work.dtype
+        per = max(1, arena.layout.round_bytes // dtype.itemsize)
+        for i in range(max(rounds_for(b - a, per) for a, b in bounds)):
+            t = self._begin_round(deadline)
+            parts = [(min(a + i * per, b), min(a + (i + 1) * per, b)) for a, b in bounds]
+            lo, hi = parts[me]
+            np.copyto(arena.buffer(me, t)[: (hi - lo) * dtype.itemsize].view(dtype), work[lo:hi])
+            arena.post(progress(t, 1))
+            arena.wait_all(progress(t, 1), deadline)
+            for k, (lo, hi) in enumerate(parts):
+                if k != me and hi > lo:
+                    np.copyto(work[lo:hi],
+                              arena.buffer(k, t)[: (hi - lo) * dtype.itemsize].view(dtype))
+
     def broadcast(self, seq: int, signature: str, work: np.ndarray, root: int,
                   deadline: Deadline) -> None:
         """Copy the root's flat ``work`` into ``work`` on every other local rank.

@@ -73,6 +73,22 @@ class Topology:
         """Whether any host has more than one rank."""
         return any(len(h) > 1 for h in self.hosts)
 
+    @property
+    def striped(self) -> bool:
+        """Whether a ``HIER`` all-reduce crosses hosts on every rank, one stripe each: two hosts
+        or more, each of the same number (two or more) of ranks. Then local rank ``j`` of every
+        host carries stripe ``j`` across the hosts (:attr:`column`); otherwise the leaders carry
+        the whole host total."""
+        sizes = {len(h) for h in self.hosts}
+        return len(self.hosts) > 1 and len(sizes) == 1 and min(sizes) > 1
+
+    @property
+    def column(self) -> tuple[int, ...]:
+        """The ranks at this rank's local index on every host, in host order (on a striped
+        topology, those that all-reduce this rank's stripe across the hosts)."""
+        j = self.local_rank
+        return tuple(h[j] for h in self.hosts if j < len(h))
+
 
 def discover(
     transport: Transport,

@@ -232,5 +232,21 @@ def test_route_configs_name_the_layout_and_hosts() -> None:
     assert shm_config(1024, 256) == "shm/1024/256"
     assert shm_config(4 << 20, None) == f"shm/{4 << 20}/auto"
     got = hier_config(TWO_HOSTS, 1024, None, "auto/AUTO/1/2")
-    assert got == "hier/1024/auto/0,1|2,3/auto/AUTO/1/2"
-    assert hier_config(MIXED, 64, 0, "x") == "hier/64/0/0|1,2/x"
+    assert got == "hier/1024/auto/0,1|2,3/striped/auto/AUTO/1/2"  # hosts of 2: each a stripe
+    assert hier_config(MIXED, 64, 0, "x") == "hier/64/0/0|1,2/leaders/x"  # 1 and 2: leaders
+
+
+@pytest.mark.parametrize(("hosts", "rank", "striped", "column"), [
+    (((0, 1), (2, 3)), 3, True, (1, 3)),                 # two hosts of two: stripe 1
+    (((0, 2), (1, 3)), 2, True, (2, 3)),                 # interleaved ranks
+    (((0, 1, 2), (3, 4, 5), (6, 7, 8)), 4, True, (1, 4, 7)),
+    (((0, 1, 2), (3,)), 0, False, (0, 3)),               # uneven: the leaders carry it
+    (((0,), (1, 2)), 2, False, (2,)),                    # a rank alone on its host
+    (((0, 1, 2, 3),), 1, False, (1,)),                   # one host: nothing crosses
+    (((0,), (1,)), 1, False, (0, 1)),                    # no host shares memory
+])
+def test_a_topology_is_striped_when_every_host_has_the_same_ranks(hosts, rank, striped,
+                                                                   column) -> None:
+    topology = Topology(hosts, rank)
+    assert topology.striped is striped
+    assert topology.column == column

@@ -63,15 +63,18 @@ def test_ranks_sharing_a_host_id_form_one_host(layout: str) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX", "MIN"])
 @pytest.mark.parametrize("size", [0, 5, 100, 3001])
+@pytest.mark.parametrize("small", [None, 0], ids=["default", "stripes"])
 def test_hierarchical_all_reduce_equals_the_network_path(layout: str, op: str, size: int,
+                                                         small: int | None,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Integers: exactly the network path's result. Floats: within rounding of NumPy, and
-    bitwise identical on every rank."""
+    bitwise identical on every rank. ``stripes``: every size crosses hosts in stripes where
+    the hosts match (empty ones included), else through the leaders."""
     hosts = LAYOUTS[layout]
     world = len(hosts)
     ints = [rank_input(7, r, "int64", (size,)) for r in range(world)]
     floats = [rank_input(8, r, "float32", (size,)) for r in range(world)]
-    _, groups = _groups(hosts)
+    _, groups = _groups(hosts, **({} if small is None else {"small_message_bytes": small}))
     ours = run_ranks(lambda r: (groups[r].all_reduce(ints[r], op),
                                 groups[r].all_reduce(floats[r], op)), world)
     _, network = _groups(hosts, settings=CollectiveSettings(path=CollectivePath.NETWORK))
@@ -83,6 +86,33 @@ def test_hierarchical_all_reduce_equals_the_network_path(layout: str, op: str, s
         assert got_float.dtype == np.float32
         assert got_float.tobytes() == ours[0][1].tobytes()
         np.testing.assert_allclose(got_float, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize(("layout", "carriers"), [
+    ("two by two", [0, 1, 2, 3]),     # hosts of the same size: every rank carries its stripe
+    ("interleaved", [0, 1, 2, 3]),
+    ("uneven", [0, 3]),               # else the hosts' leaders carry the host totals
+    ("singles and a pair", [0, 1, 2]),
+])
+def test_every_rank_carries_a_stripe_across_hosts_where_the_hosts_match(layout: str,
+                                                                       carriers: list[int]) -> None:
+    hosts = LAYOUTS[layout]
+    # Stripes from 2 KiB per rank on (the ring's threshold); a smaller call goes through the
+    # leaders whatever the layout.
+    _, groups = _groups(hosts, small_message_bytes=2048)
+    large = [np.arange(1001, dtype=np.float64) * (r + 1) for r in range(len(hosts))]  # 8 KiB
+    small = [np.full(100, r + 1.0) for r in range(len(hosts))]
+    out = run_ranks(lambda r: (groups[r].all_reduce(large[r], "MEAN"),
+                               groups[r].all_reduce(small[r], "SUM")), len(hosts))
+    for got_large, got_small in out:
+        assert got_large.tobytes() == out[0][0].tobytes()
+        np.testing.assert_allclose(got_large, np.arange(1001) * 2.5)
+        np.testing.assert_array_equal(got_small, np.full(100, 10.0))
+    leaders = {hosts.index(h) for h in set(hosts)}  # each host's lowest rank
+    for r, g in enumerate(groups):
+        assert g.route_counts["all_reduce/hier"] == 2
+        carried = (r in carriers) + (r in leaders)  # the large call, then the small one
+        assert g.route_counts.get("hosts/all_reduce/network", 0) == carried, r
 
 
 @pytest.mark.parametrize("layout", ["two by two", "interleaved"])
