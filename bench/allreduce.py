@@ -518,8 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(busiest_lines))
     if args.json:
         columns = [names[v] for v in variants]
-        write_result(args.json, name=args.json.stem, title="Collective layer all-reduce",
-                     summary=SUMMARY, script="allreduce.py",
+        title, summary = "Collective layer all-reduce", SUMMARY
+        if args.netns_hosts:
+            title = f"All-reduce across {args.netns_hosts} emulated hosts"
+            summary += HOSTS_SUMMARY.format(hosts=args.netns_hosts)
+        write_result(args.json, name=args.json.stem, title=title, summary=summary,
+                     script="allreduce.py",
                      argv=list(sys.argv[1:] if argv is None else argv),
                      tables=[result_table(rows, columns)],
                      figures=result_figures(rows, columns), plots=result_plots(columns))
@@ -577,6 +581,14 @@ SUMMARY = ("All-reduce (float32 SUM) of the collective layer among N fresh proce
            "iteration, median over the timed iterations; busbw = algbw * 2(N-1)/N; CPU = "
            "the N ranks' process CPU time per byte reduced; thread CPU = the busiest thread's "
            "CPU time per byte reduced, in the rank where it is the most.")
+
+
+HOSTS_SUMMARY = (" The hosts' columns: the N tasks in contiguous blocks over {hosts} hosts "
+                 "emulated with network namespaces on one bridge (each `python -m worker`; "
+                 "shared memory inside a host, the network across hosts), and gloo on the same "
+                 "hosts in the same layout, which their x gloo divides. The hosts share this "
+                 "machine's cores and the bridge is its memory, not a NIC: this measures the "
+                 "algorithms and their CPU, not a real link.")
 
 
 def result_table(rows: list[dict], columns: list[str]) -> Table:

@@ -30,8 +30,8 @@ RESULTS = Path("bench/results")
 OUT_DIR = Path("docs/benchmarks")
 # The index lists these first, in this order; any other result follows by name.
 ORDER = ("strategy", "strategy-bert", "strategy-16core", "torch_ddp", "torch_ddp-16core",
-         "keras_fit", "allreduce", "allreduce-16core", "allreduce-hosts", "membw", "ps", "ps-tls",
-         "tcp_tls", "checkpoint", "scale", "coordination", "elastic")
+         "keras_fit", "allreduce", "allreduce-16core", "allreduce-hosts", "allreduce-hosts4",
+         "membw", "ps", "ps-tls", "tcp_tls", "checkpoint", "scale", "coordination", "elastic")
 
 INTRO = """\
 # Benchmarks
