@@ -73,6 +73,10 @@ def test_collectives_across_two_hosts_are_exact_and_hierarchical(netns_hosts, ta
         # network (no single host holds every rank).
         assert routes["all_reduce/hier"] == 4 and "all_reduce/network" not in routes, output
         assert routes["all_gather/network"] == 1 and routes["broadcast/network"] == 4, output
+        # Across the hosts: the 1.2 MB all-reduce in stripes, one per rank of each host; the
+        # three small ones through the leaders (ranks 0 and 2) alone.
+        leader = run.on(run.host_of[task])[0] == task
+        assert routes["hosts/all_reduce/network"] == (4 if leader else 1), output
 
 
 def test_training_across_two_hosts_equals_one_process(netns_hosts, task_processes, marker,
