@@ -105,12 +105,6 @@ def _moved(mode: str, procs: int, nbytes: int) -> int:
     return MODES[mode] * per * procs
 
 
-def _parts(nbytes: int, procs: int) -> list[tuple[int, int]]:
-    """``nbytes`` in ``procs`` contiguous parts, 64-byte aligned (the last takes the rest)."""
-    step = nbytes // procs // 64 * 64
-    return [(k * step, nbytes if k == procs - 1 else (k + 1) * step) for k in range(procs)]
-
-
 def _process(rank: int, procs: int, mode: str, nbytes: int, iters: int, warmup: int,
              barrier, table, results) -> None:
     """One process of a measurement: its arrays, then ``warmup + iters`` timed iterations, each
@@ -118,14 +112,16 @@ def _process(rank: int, procs: int, mode: str, nbytes: int, iters: int, warmup: 
     import numpy as np
 
     from cluster.collectives import cma
+    from cluster.collectives.schedule import segments
 
     n = nbytes // 4
     src, dst, other = (np.full(n, rank + 1, np.float32) for _ in range(3))  # every page touched
     table[2 * rank], table[2 * rank + 1] = os.getpid(), src.ctypes.data
     barrier.wait(_BARRIER_S)  # every address is published
     if mode == "cma":
-        reads = ([(rank, lo, hi) for lo, hi in _parts(nbytes, 1)] if procs == 1 else
-                 [(k, lo, hi) for k, (lo, hi) in enumerate(_parts(nbytes, procs)) if k != rank])
+        # (peer, first byte, end byte) of each part read; alone, its own array whole
+        reads = [(k, lo * 4, hi * 4) for k, (lo, hi) in enumerate(segments(n, procs))
+                 if k != rank or procs == 1]
         pids = {k: table[2 * k] for k, _, _ in reads}
         base = {k: table[2 * k + 1] for k, _, _ in reads}
 

@@ -250,8 +250,8 @@ class HostCollectives:
             return self._nccl.all_reduce(value, op)
         inner = ReduceOp.SUM if op is ReduceOp.MEAN else op
         total = self._nccl.all_reduce(value, inner)
-        if self._across_hosts is not None and self.shm.rank == 0:  # the leader: the host
-            host = to_host(total, self._staging).reshape(-1)  # boundary, one copy out and in
+        if self._across_hosts is not None and self._leads:  # the host boundary: one copy
+            host = to_host(total, self._staging).reshape(-1)  # out, one back in
             self._across_hosts(call, host, op)
             total = on_device_of(total, host.reshape(value.shape), self._staging)
         return self._nccl.broadcast(total, 0)
@@ -280,10 +280,16 @@ class HostCollectives:
             self.shm.all_reduce(call.seq, signature, src, work, inner, 1, call.deadline)
         elif work is not src:
             np.copyto(work, src)
-        if self._across_hosts is not None and (self.shm is None or self.shm.rank == 0):
+        if self._across_hosts is not None and self._leads:
             self._across_hosts(call, work, op)
         if self.shm is not None:
             self.shm.broadcast(call.seq, signature, work, 0, call.deadline)
+
+    @property
+    def _leads(self) -> bool:
+        """Whether this rank is its host's leader (local rank 0, or alone on its host): the
+        one that carries a whole host total across hosts."""
+        return self.shm is None or self.shm.rank == 0
 
     def _stripes(self, nbytes: int) -> bool:
         """Whether a ``HIER`` all-reduce of ``nbytes`` crosses hosts in stripes: on a striped
