@@ -32,8 +32,9 @@ the caller of a loss this rank found, ``on_abort`` of an abort, and
 
 Peer loss is noticed four ways: the inbound connection breaks, a send fails, heartbeats stop
 (:class:`~cluster.transport.control.HeartbeatMonitor`, or the coordination service), or a peer
-that lost it says so (``Abort`` with ``lost_task``) before it closes. That last one keeps the
-root cause: without it, a rank waiting on a peer that closed because of a death would report the
+that lost it says so (``Abort`` with ``lost_task``: its abort of the failed group, and again
+before it closes). That last one keeps the root cause: a peer told a bare abort instead would
+fail without knowing who died, and a rank waiting on it when it closed would then report the
 peer that left, not the task that died.
 """
 
@@ -526,15 +527,18 @@ class NetworkTransport(Transport):
         group has failed, so every peer that answers holds the root cause before the goodbye;
         the TCP goodbye names ``lost`` too, so a late ack changes nothing there.
         """
-        error = self._mailbox.error
         if self._told_peers or lost is None:
             return
-        request = collective_pb2.AbortRequest(task=self._me.task, reason=str(error),
-                                              lost_task=lost.task, lost_address=lost.address,
-                                              generation=self.generation)
         timeout = max(min(deadline.remaining(), 2.0), 0.05)
-        self._wait_told(self._tell_peers(request, timeout,
+        self._wait_told(self._tell_peers(self._loss_request(lost), timeout,
                                          skip=frozenset({*self._lost, *self._departed})))
+
+    def _loss_request(self, lost: PeerInfo) -> collective_pb2.AbortRequest:
+        """The Abort that tells a peer this rank's group failed because ``lost`` died: the
+        receiver fails naming ``lost`` (``lost_by_peer``), so its own goodbye names it too."""
+        return collective_pb2.AbortRequest(task=self._me.task, reason=str(self._mailbox.error),
+                                           lost_task=lost.task, lost_address=lost.address,
+                                           generation=self.generation)
 
     @property
     def failed(self) -> bool:
@@ -543,18 +547,27 @@ class NetworkTransport(Transport):
 
     def abort(self, reason: str, *, deadline: Deadline | None = None) -> None:
         """Tell every peer not known lost (best effort, in parallel, until ``deadline``:
-        default ``abort_timeout``) and fail this rank's group too."""
+        default ``abort_timeout``) and fail this rank's group too.
+
+        Where the group already failed because a peer died, the peers are told that loss
+        instead of ``reason`` (which only wraps it): a peer told a bare abort would fail
+        without knowing who died, and its goodbye could then read as a clean departure to a
+        rank that has not failed yet."""
         if self.closed:
             return
-        request = collective_pb2.AbortRequest(task=self._me.task, reason=reason,
-                                              generation=self.generation)
+        lost = self._lost_cause()
+        request = (self._loss_request(lost) if lost is not None
+                   else collective_pb2.AbortRequest(task=self._me.task, reason=reason,
+                                                    generation=self.generation))
         timeout = self._abort_timeout if deadline is None else max(deadline.remaining(), 0.05)
         # Lazy: only the peers this rank talked to.
         calls = self._tell_peers(request, timeout, skip=frozenset(self._lost))
         self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
                                           task=self._me.task))
-        if self._on_abort is not None:
-            self._on_abort(reason)  # and the caller tells the rest
+        if self._on_abort is not None and lost is None:
+            # And the caller tells the rest; a loss was told when it was found (a LOST event),
+            # and an ABORTED one arriving first would fail a peer without naming who died.
+            self._on_abort(reason)
         self._wait_told(calls)
 
     def check(self) -> None:

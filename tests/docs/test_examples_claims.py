@@ -11,8 +11,10 @@ Markers, in README.md and docs/ (HTML comments: invisible on the rendered page):
 
 The examples are deterministic (same figures on every run) except parameter-server training,
 where which worker's step lands when depends on which worker is free: its claims are lower
-bounds (``min-test-accuracy``). Times vary with the machine: their claims are upper bounds
-(``max-seconds``). The runs are ``tests/_examples.py``'s, each started once per session
+bounds (``min-test-accuracy``). PyTorch's repeat on one machine but not across machines (torch
+picks its CPU kernels by the vector instructions a CPU has, AVX2 or AVX-512, and their rounding
+differs): its claims are lower bounds too. Times vary with the machine: their claims are upper
+bounds (``max-seconds``). The runs are ``tests/_examples.py``'s, each started once per session
 (through ``clusterctl``'s launcher with the shipped cluster file, or alone as the page says) and
 shared with the tests of each example. PyTorch and JAX examples skip when those are not
 installed.

@@ -113,3 +113,31 @@ def test_a_tcp_goodbye_names_the_lost_task_even_when_the_abort_is_not_heard(monk
         assert "goodbye says it lost worker:2" in str(info.value)
     finally:
         group.close()
+
+
+@pytest.mark.parametrize("plane", ["tcp", "grpc"])
+def test_a_rank_told_of_a_loss_by_an_abort_passes_the_loss_on(plane) -> None:
+    # Rank 2 finds rank 3 lost; its collective fails and aborts the group. Rank 1 hears only that
+    # abort, then closes (its script ends) while rank 0, which heard nothing yet (a starved
+    # process under load), waits on rank 1. The abort carries the loss, so rank 1 fails naming
+    # the task that died and passes it on: rank 0 names worker:3, not "worker:1 left the group".
+    group = NetworkGroup(4, data_plane=plane)
+    try:
+        a, b, c, _ = group.transports
+        told = c._tell_peers
+        c._tell_peers = lambda request, timeout, skip=frozenset(): told(  # type: ignore[method-assign]
+            request, timeout, skip | {0})
+        c._peer_lost_by_rank(3, "its data connection broke")
+        c.abort("all_reduce #1 of group 'default' on worker:2 failed: PeerUnavailableError: "
+                "worker:3 is unavailable: its data connection broke")
+        with pytest.raises(PeerUnavailableError) as heard:
+            b.recv(2, MessageKey("g", 0, 0), deadline=Deadline.after(5))
+        assert heard.value.task == "worker:3"
+        assert str(heard.value).startswith(f"{group.peers[3]} is unavailable, as worker:2 found: ")
+        b.close()
+        with pytest.raises(PeerUnavailableError) as info:
+            a.recv(1, MessageKey("g", 0, 0), deadline=Deadline.after(5))
+        assert info.value.task == "worker:3", str(info.value)
+        assert "left the group" not in str(info.value)
+    finally:
+        group.close()
