@@ -96,9 +96,13 @@ class Outbox:
             self._queued_bytes += len(raw)
             self._cond.notify_all()
 
-    def close(self, deadline: Deadline) -> None:
-        """Finish the stream after queued frames are written, waiting until ``deadline``."""
+    def close(self, deadline: Deadline, goodbye: bytes = b"") -> None:
+        """Finish the stream after queued frames and then ``goodbye`` (its last frame, if
+        given) are written, waiting until ``deadline``."""
         with self._cond:
+            if goodbye and not self._closing and self._failed is None:
+                self._queue.append(goodbye)  # past the in-flight bound: it is a few bytes
+                self._queued_bytes += len(goodbye)
             self._closing = True
             self._cond.notify_all()
         try:
@@ -260,6 +264,9 @@ class GrpcDataPlane:
             outbox.cancel()
 
     def close(self, deadline: Deadline, lost: str = "") -> None:
-        # A stream's end carries no reason: the transport's Abort (with lost_task) says it.
+        """End every stream with a goodbye frame naming ``lost`` (the task this rank leaves
+        because of, if any), after what is queued."""
+        goodbye = _framing.encode(
+            collective_pb2.Frame(src_rank=self._me.rank, goodbye=True, lost_task=lost), b"")
         for outbox in self._outboxes.values():
-            outbox.close(deadline)
+            outbox.close(deadline, goodbye)

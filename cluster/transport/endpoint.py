@@ -79,6 +79,11 @@ class InboundHandler(Protocol):
         transport)."""
         ...
 
+    def peer_said_goodbye(self, src: int, lost: str) -> None:
+        """``src`` closed its transport, saying so on its stream: because ``lost`` died, or
+        ("") for no loss."""
+        ...
+
     def aborted_by_peer(self, task: str, reason: str) -> None:
         ...
 
@@ -159,6 +164,7 @@ class CollectiveEndpoint:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"missing or bad {SRC_RANK_KEY}")
         reassembler = Reassembler()  # this stream's unfinished messages die with it
         frames = 0
+        farewell: str | None = None  # what the goodbye frame said, once it came
         try:
             for raw in request_iterator:
                 try:
@@ -166,6 +172,11 @@ class CollectiveEndpoint:
                     if header.src_rank != src:
                         raise _framing.FrameError(
                             f"frame claims rank {header.src_rank} on rank {src}'s stream")
+                    if farewell is not None:
+                        raise _framing.FrameError("frame after the goodbye")
+                    if header.goodbye:
+                        farewell = header.lost_task
+                        continue
                     done = reassembler.feed(header, data)
                 except _framing.FrameError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -178,7 +189,9 @@ class CollectiveEndpoint:
             if frames:
                 transport.peer_stream_broke(src)
             raise
-        if frames:
+        if farewell is not None:
+            transport.peer_said_goodbye(src, farewell)
+        elif frames:
             transport.peer_departed(src)
         return collective_pb2.ExchangeSummary(frames=frames)
 

@@ -146,7 +146,7 @@ class NetworkTransport(Transport):
                 endpoint.server.bind_host,
                 on_message=self._mailbox.put,
                 on_lost=self._peer_lost_by_rank,
-                on_departed=self._tcp_departed,
+                on_departed=self.peer_said_goodbye,
                 # With TLS configured, tensors are encrypted too (after the token handshake).
                 tls=(DataPlaneTls(token.tls.server_ssl_context(), token.tls.client_ssl_context())
                      if token.tls is not None else None),
@@ -380,7 +380,10 @@ class NetworkTransport(Transport):
         e.g. because its script ended), as opposed to being lost."""
         return any(self._peers[r].task == task for r in tuple(self._departed))
 
-    def _tcp_departed(self, src: int, lost: str) -> None:
+    def peer_said_goodbye(self, src: int, lost: str) -> None:
+        """``src`` closed its transport and said why on its data stream (TCP's goodbye frame,
+        or the gRPC stream's last frame): because ``lost`` died (then so has this rank's group),
+        or ("") not for a loss."""
         if lost:  # it left because it lost ``lost``: so have we
             peer = self._peers[src]
             self.lost_by_peer(peer.task, f"its goodbye says it lost {lost}", lost, "")

@@ -93,6 +93,42 @@ def test_frame_claiming_another_rank_is_rejected() -> None:
         group.close()
 
 
+def test_a_frame_after_the_goodbye_is_rejected() -> None:
+    group = NetworkGroup(3)
+    try:
+        with grpc.insecure_channel(group.servers[2].address) as channel:
+            bye = collective_pb2.Frame(src_rank=0, goodbye=True)
+            data = collective_pb2.Frame(src_rank=0, group="g", total_bytes=1)
+            md = (*TOKEN.metadata, ("x-src-rank", "0"))
+            with pytest.raises(grpc.RpcError) as info:
+                _exchange(channel, [_framing.encode(bye, b""), _framing.encode(data, b"x")], md)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "after the goodbye" in info.value.details()
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("lost", ["", "worker:1"])
+def test_a_goodbye_frame_ends_waits_on_its_sender_at_once(lost) -> None:
+    # Even on a stream that carried no data: a wait on the sender ends now, not at its deadline,
+    # naming the task the goodbye names, or the sender as one that left.
+    group = NetworkGroup(3)
+    try:
+        with grpc.insecure_channel(group.servers[2].address) as channel:
+            bye = collective_pb2.Frame(src_rank=0, goodbye=True, lost_task=lost)
+            _exchange(channel, [_framing.encode(bye, b"")], (*TOKEN.metadata, ("x-src-rank", "0")))
+        with pytest.raises(PeerUnavailableError) as info:
+            group.transports[2].recv(0, MessageKey("g", 0, 0), deadline=Deadline.after(10))
+        if lost:
+            assert info.value.task == "worker:1"
+            assert "as worker:0 found: its goodbye says it lost worker:1" in str(info.value)
+        else:
+            assert info.value.task == "worker:0"
+            assert "left the group" in str(info.value)
+    finally:
+        group.close()
+
+
 def test_wrong_token_on_a_peer_fails_connect_with_unauthenticated_error() -> None:
     srv = TaskServer("127.0.0.1:0", TOKEN)
     endpoint = CollectiveEndpoint.install(srv, "worker:0")

@@ -98,11 +98,14 @@ def test_processes_exchange_over_authenticated_grpc() -> None:
     assert [o.result for o in outcomes] == [2 * 4 * 3, 0 * 4 * 3, 1 * 4 * 3]
 
 
-def test_a_tcp_goodbye_names_the_lost_task_even_when_the_abort_is_not_heard(monkeypatch) -> None:
+@pytest.mark.parametrize("plane", ["tcp", "grpc"])
+def test_a_goodbye_names_the_lost_task_even_when_the_abort_is_not_heard(plane,
+                                                                         monkeypatch) -> None:
     # Under load the Abort that passes the loss on can be acknowledged too late (or not at all):
-    # the TCP goodbye itself then names the task that died, so the order does not matter.
+    # the goodbye itself (TCP's goodbye frame, the gRPC stream's last frame) then names the task
+    # that died, so the order does not matter.
     monkeypatch.setattr(NetworkTransport, "_tell_peers", lambda self, *a, **k: [])
-    group = NetworkGroup(3, data_plane="tcp")
+    group = NetworkGroup(3, data_plane=plane)
     try:
         a, b, _ = group.transports
         b._peer_lost_by_rank(2, "its data connection broke")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cluster/transport/_pb/collective.proto\x12\x12\x63luster_runtime.v1\"\x98\x01\n\x05\x46rame\x12\x10\n\x08src_rank\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05\x63hunk\x18\x05 \x01(\r\x12\x11\n\tsignature\x18\x06 \x01(\t\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"!\n\x0f\x45xchangeSummary\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x04\"a\n\x0cHelloRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\"(\n\nHelloReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04task\x18\x02 \x01(\t\"\x85\x01\n\x0c\x41\x62ortRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tlost_task\x18\x05 \x01(\t\x12\x14\n\x0clost_address\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x04\"\x0c\n\nAbortReply2\xf0\x01\n\nCollective\x12I\n\x05Hello\x12 .cluster_runtime.v1.HelloRequest\x1a\x1e.cluster_runtime.v1.HelloReply\x12L\n\x08\x45xchange\x12\x19.cluster_runtime.v1.Frame\x1a#.cluster_runtime.v1.ExchangeSummary(\x01\x12I\n\x05\x41\x62ort\x12 .cluster_runtime.v1.AbortRequest\x1a\x1e.cluster_runtime.v1.AbortReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cluster/transport/_pb/collective.proto\x12\x12\x63luster_runtime.v1\"\xbc\x01\n\x05\x46rame\x12\x10\n\x08src_rank\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05\x63hunk\x18\x05 \x01(\r\x12\x11\n\tsignature\x18\x06 \x01(\t\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07goodbye\x18\t \x01(\x08\x12\x11\n\tlost_task\x18\n \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"!\n\x0f\x45xchangeSummary\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x04\"a\n\x0cHelloRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\"(\n\nHelloReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04task\x18\x02 \x01(\t\"\x85\x01\n\x0c\x41\x62ortRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tlost_task\x18\x05 \x01(\t\x12\x14\n\x0clost_address\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x04\"\x0c\n\nAbortReply2\xf0\x01\n\nCollective\x12I\n\x05Hello\x12 .cluster_runtime.v1.HelloRequest\x1a\x1e.cluster_runtime.v1.HelloReply\x12L\n\x08\x45xchange\x12\x19.cluster_runtime.v1.Frame\x1a#.cluster_runtime.v1.ExchangeSummary(\x01\x12I\n\x05\x41\x62ort\x12 .cluster_runtime.v1.AbortRequest\x1a\x1e.cluster_runtime.v1.AbortReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cluster.transport._pb.colle
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FRAME']._serialized_start=63
-  _globals['_FRAME']._serialized_end=215
-  _globals['_EXCHANGESUMMARY']._serialized_start=217
-  _globals['_EXCHANGESUMMARY']._serialized_end=250
-  _globals['_HELLOREQUEST']._serialized_start=252
-  _globals['_HELLOREQUEST']._serialized_end=349
-  _globals['_HELLOREPLY']._serialized_start=351
-  _globals['_HELLOREPLY']._serialized_end=391
-  _globals['_ABORTREQUEST']._serialized_start=394
-  _globals['_ABORTREQUEST']._serialized_end=527
-  _globals['_ABORTREPLY']._serialized_start=529
-  _globals['_ABORTREPLY']._serialized_end=541
-  _globals['_COLLECTIVE']._serialized_start=544
-  _globals['_COLLECTIVE']._serialized_end=784
+  _globals['_FRAME']._serialized_end=251
+  _globals['_EXCHANGESUMMARY']._serialized_start=253
+  _globals['_EXCHANGESUMMARY']._serialized_end=286
+  _globals['_HELLOREQUEST']._serialized_start=288
+  _globals['_HELLOREQUEST']._serialized_end=385
+  _globals['_HELLOREPLY']._serialized_start=387
+  _globals['_HELLOREPLY']._serialized_end=427
+  _globals['_ABORTREQUEST']._serialized_start=430
+  _globals['_ABORTREQUEST']._serialized_end=563
+  _globals['_ABORTREPLY']._serialized_start=565
+  _globals['_ABORTREPLY']._serialized_end=577
+  _globals['_COLLECTIVE']._serialized_start=580
+  _globals['_COLLECTIVE']._serialized_end=820
 # @@protoc_insertion_point(module_scope)

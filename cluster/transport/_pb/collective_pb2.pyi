@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Frame(_message.Message):
-    __slots__ = ("src_rank", "group", "seq", "step", "chunk", "signature", "offset", "total_bytes", "data")
+    __slots__ = ("src_rank", "group", "seq", "step", "chunk", "signature", "offset", "total_bytes", "goodbye", "lost_task", "data")
     SRC_RANK_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -14,6 +14,8 @@ class Frame(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    LOST_TASK_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     src_rank: int
     group: str
@@ -23,8 +25,10 @@ class Frame(_message.Message):
     signature: str
     offset: int
     total_bytes: int
+    goodbye: bool
+    lost_task: str
     data: bytes
-    def __init__(self, src_rank: _Optional[int] = ..., group: _Optional[str] = ..., seq: _Optional[int] = ..., step: _Optional[int] = ..., chunk: _Optional[int] = ..., signature: _Optional[str] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, src_rank: _Optional[int] = ..., group: _Optional[str] = ..., seq: _Optional[int] = ..., step: _Optional[int] = ..., chunk: _Optional[int] = ..., signature: _Optional[str] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., goodbye: _Optional[bool] = ..., lost_task: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ExchangeSummary(_message.Message):
     __slots__ = ("frames",)
