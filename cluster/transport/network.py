@@ -528,7 +528,7 @@ class NetworkTransport(Transport):
         A goodbye reads as "left the group", so a rank waiting on this one would otherwise name
         this rank, not the task that died. Each call is acknowledged only once the receiver's
         group has failed, so every peer that answers holds the root cause before the goodbye;
-        the TCP goodbye names ``lost`` too, so a late ack changes nothing there.
+        the goodbye (on either plane) names ``lost`` too, so a late ack changes nothing there.
         """
         if self._told_peers or lost is None:
             return
