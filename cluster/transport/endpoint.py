@@ -70,18 +70,13 @@ class InboundHandler(Protocol):
         ...
 
     def peer_stream_broke(self, src: int) -> None:
-        """``src``'s Exchange stream, which had carried its data, broke (its process died, the
-        connection reset)."""
-        ...
-
-    def peer_departed(self, src: int) -> None:
-        """``src`` ended its Exchange stream, which had carried its data, cleanly (it closed its
-        transport)."""
+        """``src``'s Exchange stream, which had carried its data, broke or ended without its
+        goodbye frame (its process died, the connection reset)."""
         ...
 
     def peer_said_goodbye(self, src: int, lost: str) -> None:
-        """``src`` closed its transport, saying so on its stream: because ``lost`` died, or
-        ("") for no loss."""
+        """``src`` closed its transport, saying so on its stream (its goodbye frame): because
+        ``lost`` died, or ("") for no loss."""
         ...
 
     def aborted_by_peer(self, task: str, reason: str) -> None:
@@ -192,7 +187,9 @@ class CollectiveEndpoint:
         if farewell is not None:
             transport.peer_said_goodbye(src, farewell)
         elif frames:
-            transport.peer_departed(src)
+            # Ended without its goodbye: the caller died. grpc-python ends the request stream of
+            # a killed caller as if it had finished, so only the goodbye frame tells a clean end.
+            transport.peer_stream_broke(src)
         return collective_pb2.ExchangeSummary(frames=frames)
 
     def _abort(self, request, context):

@@ -129,6 +129,26 @@ def test_a_goodbye_frame_ends_waits_on_its_sender_at_once(lost) -> None:
         group.close()
 
 
+def test_a_stream_that_ends_without_its_goodbye_is_a_lost_peer() -> None:
+    # grpc-python ends the request stream of a caller that was killed as if it had finished:
+    # without the goodbye frame that is a death, not a departure ("left the group", "finished
+    # its script"), as a TCP connection that ends without its goodbye is.
+    group = NetworkGroup(3)
+    try:
+        with grpc.insecure_channel(group.servers[2].address) as channel:
+            data = collective_pb2.Frame(src_rank=0, group="g", seq=7, total_bytes=1)
+            md = (*TOKEN.metadata, ("x-src-rank", "0"))
+            _exchange(channel, [_framing.encode(data, b"x")], md)
+        b = group.transports[2]
+        with pytest.raises(PeerUnavailableError) as info:  # the group fails, as for any loss
+            b.recv(0, MessageKey("g", 8, 0), deadline=Deadline.after(10))
+        assert info.value.task == "worker:0"
+        assert "is unavailable" in str(info.value) and "left the group" not in str(info.value)
+        assert not b.departed("worker:0")
+    finally:
+        group.close()
+
+
 def test_wrong_token_on_a_peer_fails_connect_with_unauthenticated_error() -> None:
     srv = TaskServer("127.0.0.1:0", TOKEN)
     endpoint = CollectiveEndpoint.install(srv, "worker:0")
