@@ -1,11 +1,16 @@
 """Choosing free TCP ports: the one port picker of clusterctl and of the tests.
 
-:func:`pick_free_ports` asks the kernel for ``n`` ports by binding port 0. It guarantees only
-what is true at the moment it returns: the ports are distinct and were free on ``host``. It
-cannot reserve them: the sockets are closed before the ports are handed out, so another process
-may bind one before its task does. Whoever uses a chosen port must handle "address in use"
-(a task exits 203 and the launcher chooses again; a test that needs a port held should keep its
-own socket bound instead).
+:func:`pick_free_ports` chooses ``n`` ports outside the kernel's ephemeral range
+(``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default on Linux): from
+:data:`PICK_FROM` and above the range's top, at random, each checked free by binding it. It
+guarantees only what is true at the moment it returns: the ports are distinct and were free on
+``host``. It cannot reserve them: the sockets are closed before the ports are handed out. But
+outside the ephemeral range nothing is handed a port by the kernel (an outgoing connection's
+source port, a ``bind`` to port 0), so between the choice and the task's bind only a process
+that binds that very port can take it, where inside it any busy host's connections could.
+Where the range is unknown or leaves no room, the kernel chooses (a bind to port 0). Whoever
+uses a chosen port must still handle "address in use" (a task exits 203 and the launcher
+chooses again; a test that needs a port held should keep its own socket bound instead).
 
 Holding ``n`` sockets at once needs ``n`` file descriptors beyond those already open:
 :func:`ensure_fd_limit` raises the soft ``RLIMIT_NOFILE`` (often 1024) up to the hard limit when
@@ -17,10 +22,20 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import random
 import resource
 import socket
+from pathlib import Path
 
-__all__ = ["ensure_fd_limit", "pick_free_ports", "taken_addresses"]
+__all__ = ["PICK_FROM", "ensure_fd_limit", "ephemeral_range", "pick_free_ports",
+           "taken_addresses"]
+
+PICK_FROM = (20000, 30000)
+"""Ports chosen first, below Linux's default ephemeral range: clear of the well-known and the
+registered services' low ports, and of Kubernetes' NodePort range (30000-32767), which a node
+routes to services."""
+
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 _FD_SLACK = 64  # descriptors kept free for what the process opens meanwhile (logs, pipes, gRPC)
 
@@ -60,8 +75,31 @@ def _bind_host(host: str) -> tuple[int, str]:
     return family, bare
 
 
+def ephemeral_range(path: Path | None = None) -> tuple[int, int] | None:
+    """The kernel's ephemeral port range (lowest, highest), or None where it cannot be read."""
+    try:
+        low, high = (int(v) for v in (path or _EPHEMERAL).read_text().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high <= 65535 else None
+
+
+def _candidates(ephemeral: tuple[int, int] | None) -> list[int]:
+    """Ports outside ``ephemeral`` to try, in random order: :data:`PICK_FROM` first, then
+    those above the range's top."""
+    if ephemeral is None:
+        return []
+    low, high = ephemeral
+    shuffle = random.SystemRandom().shuffle  # not the user's seeded random: it may be shared
+    below = [p for p in range(*PICK_FROM) if not low <= p <= high]
+    above = list(range(max(high + 1, PICK_FROM[1]), 65536))
+    shuffle(below)
+    shuffle(above)
+    return below + above
+
+
 def pick_free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct TCP ports free on ``host`` right now.
+    """``n`` distinct TCP ports free on ``host`` right now, outside the ephemeral range.
 
     All ``n`` sockets are bound and listening together while choosing, so the ports differ from
     each other; they are closed before returning (see the module docstring for the race that
@@ -73,16 +111,22 @@ def pick_free_ports(host: str, n: int) -> list[int]:
     """
     ensure_fd_limit(n, f"choosing {n} ports")
     family, bare = _bind_host(host)
+    candidates = iter(_candidates(ephemeral_range()))
     sockets = []
     try:
-        for _ in range(n):
+        while len(sockets) < n:
             s = socket.socket(family, socket.SOCK_STREAM)
             sockets.append(s)
-            try:
-                s.bind((bare, 0))
-            except OSError as e:
-                message = f"cannot choose a port on host {host!r}: {e.strerror}"
-                raise OSError(e.errno, message) from e
+            while True:
+                port = next(candidates, 0)  # 0 once none is left: the kernel chooses
+                try:
+                    s.bind((bare, port))
+                    break
+                except OSError as e:
+                    if port and e.errno in (errno.EADDRINUSE, errno.EACCES):
+                        continue  # taken, or reserved for another user: the next one
+                    message = f"cannot choose a port on host {host!r}: {e.strerror}"
+                    raise OSError(e.errno, message) from e
             s.listen(1)  # ports in use stay unique across the n sockets
         return [s.getsockname()[1] for s in sockets]
     finally:

@@ -158,6 +158,9 @@ def request_bytes(descriptor: _d.Descriptor) -> st.SearchStrategy[bytes]:
 def _frame(draw, src_rank: int) -> bytes:
     header = draw(message(collective_pb2.Frame.DESCRIPTOR))
     header.ClearField("data")
+    # A goodbye naming a lost task tells a loss, as Abort does: left out (see test_grpc_fuzz).
+    header.ClearField("goodbye")
+    header.ClearField("lost_task")
     if draw(st.sampled_from([True, True, True, False])):  # well-formed, often a whole message
         header.src_rank = src_rank
         header.group = draw(st.sampled_from(["fuzz", "g"]))
@@ -169,8 +172,12 @@ def _frame(draw, src_rank: int) -> bytes:
 
 
 def frames(src_rank: int) -> st.SearchStrategy[list[bytes]]:
-    """The messages of one Exchange stream: framed payloads, mutated frames, garbage."""
-    return st.lists(st.one_of(_frame(src_rank), st.binary(max_size=64)), max_size=6)
+    """The messages of one Exchange stream: framed payloads, mutated frames, garbage, and last
+    the goodbye frame a peer ends its stream with (a stream that ends without it is a lost
+    peer, which fails the group; after a goodbye among the mutated frames, it is refused)."""
+    goodbye = _framing.encode(collective_pb2.Frame(src_rank=src_rank, goodbye=True), b"")
+    return st.lists(st.one_of(_frame(src_rank), st.binary(max_size=64)),
+                    max_size=6).map(lambda sent: [*sent, goodbye])
 
 
 class Method:

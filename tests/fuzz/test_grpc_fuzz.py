@@ -15,8 +15,8 @@ still serves real peers (``assert_serves_real_peers``).
 
 With the token the fuzz is a buggy peer, not an attacker: it leaves out ``Collective/Abort``
 (a peer may abort the group, which then serves no one) and its Exchange streams name rank 3, a
-rank no real peer holds, and always end cleanly (a stream that breaks is a lost peer, which
-fails the group: also by design).
+rank no real peer holds, and always end cleanly, with the goodbye frame (a stream that breaks or
+ends without it is a lost peer, which fails the group: also by design).
 """
 
 from __future__ import annotations
