@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ def test_a_spinning_thread_runs_and_a_waiting_one_sleeps_in_a_futex() -> None:
     child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        _until_two_sleep(child.pid)
         tallies: dict[thread_states.Thread, thread_states.Tally] = {}
         for _ in range(50):
             thread_states.sample([child.pid], tallies)
@@ -88,3 +90,21 @@ def test_the_command_line_samples_a_matching_process_and_fails_without_one() -> 
     finally:
         child.kill()
         child.wait(10)
+
+
+def _until_two_sleep(pid: int, within: float = 20.0) -> None:
+    """Wait (against a deadline) until two of ``pid``'s threads sleep: "ready" is printed before
+    the main thread reaches its sleep, and on loaded cores a thread may stay runnable, waiting
+    for a CPU or the spinner's GIL, for longer than the 50 samples take."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append(thread_states.parse_stat((task / "stat").read_text())[1])
+            except OSError:  # a thread that ended meanwhile
+                continue
+        if states.count("S") >= 2:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the waiting threads of {pid} never slept within {within} s")
