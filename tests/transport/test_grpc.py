@@ -45,6 +45,14 @@ def _exchange(channel: grpc.Channel, frames, metadata=()):
     return method(iter(frames), timeout=5, metadata=metadata)
 
 
+def _stream_from_rank_0(group: NetworkGroup, *frames: collective_pb2.Frame) -> None:
+    """One Exchange stream to rank 2 of ``group``, as rank 0, carrying ``frames`` (a header and
+    its data each) and ending cleanly: what rank 0's data plane would send."""
+    with grpc.insecure_channel(group.servers[2].address) as channel:
+        raw = [_framing.encode(f, b"x" if f.total_bytes else b"") for f in frames]
+        _exchange(channel, raw, (*TOKEN.metadata, ("x-src-rank", "0")))
+
+
 @pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),),
                                       (("authorization", "test-secret-token"),)])
 def test_call_without_the_right_token_is_unauthenticated(server, metadata) -> None:
@@ -96,14 +104,11 @@ def test_frame_claiming_another_rank_is_rejected() -> None:
 def test_a_frame_after_the_goodbye_is_rejected() -> None:
     group = NetworkGroup(3)
     try:
-        with grpc.insecure_channel(group.servers[2].address) as channel:
-            bye = collective_pb2.Frame(src_rank=0, goodbye=True)
-            data = collective_pb2.Frame(src_rank=0, group="g", total_bytes=1)
-            md = (*TOKEN.metadata, ("x-src-rank", "0"))
-            with pytest.raises(grpc.RpcError) as info:
-                _exchange(channel, [_framing.encode(bye, b""), _framing.encode(data, b"x")], md)
-            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "after the goodbye" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            _stream_from_rank_0(group, collective_pb2.Frame(src_rank=0, goodbye=True),
+                                collective_pb2.Frame(src_rank=0, group="g", total_bytes=1))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "after the goodbye" in info.value.details()
     finally:
         group.close()
 
@@ -114,9 +119,7 @@ def test_a_goodbye_frame_ends_waits_on_its_sender_at_once(lost) -> None:
     # naming the task the goodbye names, or the sender as one that left.
     group = NetworkGroup(3)
     try:
-        with grpc.insecure_channel(group.servers[2].address) as channel:
-            bye = collective_pb2.Frame(src_rank=0, goodbye=True, lost_task=lost)
-            _exchange(channel, [_framing.encode(bye, b"")], (*TOKEN.metadata, ("x-src-rank", "0")))
+        _stream_from_rank_0(group, collective_pb2.Frame(src_rank=0, goodbye=True, lost_task=lost))
         with pytest.raises(PeerUnavailableError) as info:
             group.transports[2].recv(0, MessageKey("g", 0, 0), deadline=Deadline.after(10))
         if lost:
@@ -135,10 +138,8 @@ def test_a_stream_that_ends_without_its_goodbye_is_a_lost_peer() -> None:
     # its script"), as a TCP connection that ends without its goodbye is.
     group = NetworkGroup(3)
     try:
-        with grpc.insecure_channel(group.servers[2].address) as channel:
-            data = collective_pb2.Frame(src_rank=0, group="g", seq=7, total_bytes=1)
-            md = (*TOKEN.metadata, ("x-src-rank", "0"))
-            _exchange(channel, [_framing.encode(data, b"x")], md)
+        data = collective_pb2.Frame(src_rank=0, group="g", seq=7, total_bytes=1)
+        _stream_from_rank_0(group, data)
         b = group.transports[2]
         with pytest.raises(PeerUnavailableError) as info:  # the group fails, as for any loss
             b.recv(0, MessageKey("g", 8, 0), deadline=Deadline.after(10))
