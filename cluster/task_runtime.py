@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from cluster._elastic_group import ElasticGroup
 from cluster._latch import Latch
+from cluster._losses import Losses
 from cluster._notices import Notices
 from cluster._placement import Placement, collective_members, resolve_placement
 from cluster.deadline import Deadline
@@ -121,7 +122,7 @@ class TaskRuntime:
         self._failure_listeners: list[Callable[[PeerFailedError], None]] = []
         self._closed = False
         self._close_hooks: list[Callable[[TaskRuntime], None]] = []
-        self._lost: dict[str, str] = {}  # tasks the coordination service declared lost: why
+        self._losses = Losses()  # the tasks known lost, and why
         # Preemption notices, and why a serving task in its preemption grace may stop (the
         # coordinator's task left or was lost, or shutdown was requested).
         self._notes = Notices()
@@ -311,15 +312,14 @@ class TaskRuntime:
         addresses = dict(self.placement.tasks())
         peers = [PeerInfo(r, t, addresses[t]) for r, t in enumerate(members)]
         if generation:
-            with self._state:  # the service counts every member live: old losses are over
-                for task in members:
-                    self._lost.pop(task, None)
+            self._losses.new_generation(generation, members)
         transport = NetworkTransport(
             self._endpoint, list(members).index(self.task), peers, self.token,
             heartbeat_timeout=self.settings.heartbeat_timeout,
             data_plane=self.settings.data_plane, lazy=True,
             route_timeout=self.settings.connect_timeout,
-            on_peer_lost=self._report_lost, on_abort=self._report_abort,
+            on_peer_lost=lambda peer, why: self._report_lost(peer, why, generation),
+            on_abort=self._report_abort,
             abort_timeout=self.settings.report_timeout, generation=generation)
         transport.connect(deadline)
         self._transport = transport
@@ -334,7 +334,7 @@ class TaskRuntime:
 
     def _catch_up(self, transport: NetworkTransport) -> NetworkTransport:
         """Apply to a new transport what happened while it was being made."""
-        for task, why in list(self._lost.items()):  # lost before the group existed
+        for task, why in self._losses.items():  # lost before the group existed
             transport.peer_lost(task, why)
         failure = self._peer_failure
         if failure is not None:  # reported while we were connecting
@@ -363,7 +363,7 @@ class TaskRuntime:
             self._on_failure_report(event)
         elif event.kind is EventKind.LOST:
             found = f", as {event.reporter} found" if event.reporter else ""  # else: its silence
-            self._on_peer_lost(event.task, (event.message or "lost") + found)
+            self._on_peer_lost(event.task, (event.message or "lost") + found, event.generation)
         elif event.kind is EventKind.ABORTED:
             transport = self._transport
             if (transport is not None and not transport.closed
@@ -418,9 +418,14 @@ class TaskRuntime:
         deadline came first)."""
         return self._notes.wait_released(deadline)
 
-    def _on_peer_lost(self, task: str, why: str) -> None:
-        with self._state:
-            self._lost.setdefault(task, why)
+    def _on_peer_lost(self, task: str, why: str, found_in: int = 0) -> None:
+        """``task`` is lost, as found in elastic generation ``found_in`` (0: not elastic, or
+        not known): fail the group naming it, unless the news is stale (:mod:`cluster._losses`).
+        """
+        if not self._losses.record(task, why, found_in):
+            log.debug("%s: ignored news of %s's loss found in generation %d: generation %d took "
+                      "it back since", self.task, task, found_in, self._losses.generation)
+            return
         transport = self._transport
         if transport is not None:
             transport.peer_lost(task, why)
@@ -432,13 +437,14 @@ class TaskRuntime:
 
     def _reachable_peers(self) -> list[tuple[str, str]]:
         """Peers not known lost: the only ones a stopping task still sends anything to."""
-        with self._state:
-            lost = set(self._lost)
+        lost = self._losses.tasks()
         return [(t, a) for t, a in self.peers() if t not in lost]
 
-    def _report_lost(self, peer: PeerInfo, why: str) -> None:
-        """The transport found ``peer`` lost: the others learn it from the coordinator."""
-        self._report_soon(Event(EventKind.LOST, peer.task, self.task, message=why))
+    def _report_lost(self, peer: PeerInfo, why: str, generation: int) -> None:
+        """The transport of ``generation`` found ``peer`` lost: the others learn it from the
+        coordinator."""
+        self._report_soon(Event(EventKind.LOST, peer.task, self.task, message=why,
+                                generation=generation))
 
     def _report_abort(self, reason: str) -> None:
         transport = self._transport
@@ -454,7 +460,8 @@ class TaskRuntime:
     def _on_failure_report(self, report: FailureReport | Event) -> None:
         if self.elastic is not None and report.task != self.task:
             # An elastic group loses the failed task and re-forms without it: nothing sticks.
-            self._on_peer_lost(report.task, f"it failed: {report.error_type}: {report.message}")
+            self._on_peer_lost(report.task, f"it failed: {report.error_type}: {report.message}",
+                               report.generation if isinstance(report, Event) else 0)
             return
         error = PeerFailedError(
             f"{report.task} failed: {report.error_type}: {report.message}", task=report.task,
@@ -498,7 +505,8 @@ class TaskRuntime:
         # One deadline for everything this stopping task sends; the calls run side by side
         # and skip peers known lost, so a partitioned peer costs at most this deadline.
         deadline = Deadline.after(self.settings.report_timeout)
-        event = Event(EventKind.FAILED, root, self.task, error_type, message, exit_code)
+        event = Event(EventKind.FAILED, root, self.task, error_type, message, exit_code,
+                      self._losses.generation)
         told = threading.Event()
         reporter = None
         if self._joined and self._coordination.lost is None:
@@ -559,7 +567,7 @@ class TaskRuntime:
             with self._state:
                 self._closed = True
             transport = self._transport
-            failed = (self._failed.is_set() or bool(self._lost)
+            failed = (self._failed.is_set() or bool(self._losses)
                       or (transport is not None and transport.failed))
             deadline = Deadline.after(self.settings.report_timeout if failed else 2.0)
             if transport is not None:

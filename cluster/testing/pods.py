@@ -280,7 +280,11 @@ def _main_pid(process: TaskProcess) -> int | None:
     return int(children[0]) if children else None
 
 
-def describe(results: Mapping[str, PodResult]) -> str:
-    """One line per pod, ``name (task): exit code``, for assertion messages."""
-    return "; ".join(f"{r.name} ({r.task}): {r.exit_code}" for r in results.values())
+def describe(results: Mapping[str, PodResult], tail: int = 12) -> str:
+    """For assertion messages: ``name (task): exit code`` of every pod, then the last ``tail``
+    lines of each pod that failed (a CI log holds no pod's log file)."""
+    summary = "; ".join(f"{r.name} ({r.task}): {r.exit_code}" for r in results.values())
+    ends = [f"--- {r.name}, last lines:\n" + "\n".join(r.output.rstrip().splitlines()[-tail:])
+            for r in results.values() if r.exit_code != 0 and tail > 0]
+    return "\n".join([summary, *ends])
 

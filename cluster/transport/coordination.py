@@ -212,7 +212,7 @@ class CoordinationService:
         with self._lock:
             # The same ``now``: only the tasks just probed can be found silent (a heartbeat
             # that arrived meanwhile only shortens a silence).
-            events = self._membership.expire(now, answered)
+            events = self._membership.expire(now, answered, self._elastic_view()[0])
             stalled = self._membership.stalled(now)
         self._warn_stalls(stalled)
         for event in events:
@@ -247,6 +247,8 @@ class CoordinationService:
         try:
             with self._lock:
                 self._membership.register(request.task, request.incarnation, self._clock())
+                if self._generations is not None:
+                    self._generations.registered(request.task, request.incarnation)
         except UnknownTaskError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return coordination_pb2.RegisterReply(coordinator_incarnation=self.incarnation)
@@ -270,6 +272,14 @@ class CoordinationService:
         if self._generations is None:
             return 0, 0
         return self._generations.generation, self._generations.joining()
+
+    def _predates(self, event: Event) -> bool:
+        """``event`` is a loss or failure of an earlier incarnation of its task than the live
+        one (see :meth:`Generations.predates`): not news. Called under the lock."""
+        if self._generations is None or event.kind not in (EventKind.LOST, EventKind.FAILED):
+            return False
+        return self._generations.predates(event.task, self._membership.live(event.task),
+                                          event.generation)
 
     def _regroup(self, request, context):
         if self._generations is None:
@@ -300,11 +310,16 @@ class CoordinationService:
                           f"unknown event kind {request.event.kind} (a newer peer?)")
         try:
             with self._lock:
-                news = self._membership.report(event, self._clock())
+                stale = self._predates(event)
+                news = not stale and self._membership.report(event, self._clock())
                 if event.kind is EventKind.LEFT and event.task == self.me:
                     self._membership.announce(event)  # the run is over: servers may stop
         except UnknownTaskError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if stale:
+            log.debug("%s: %s reports %s %s in generation %d, an earlier incarnation's: "
+                      "ignored", self.me, event.reporter, event.task, event.kind.value,
+                      event.generation)
         if news:
             log.info("%s: %s reports %s %s", self.me, event.reporter, event.task,
                      event.kind.value)

@@ -22,6 +22,9 @@ Rules:
   answer stays (the job fails as a non-elastic one does).
 - A task whose incarnation the service no longer counts live (declared lost while it was cut
   off) is ``REFUSED``: its process must restart and join as a new incarnation.
+- News of a task's loss or failure found in some generation can arrive late (a report still on
+  its way, a reporter's old group): :meth:`Generations.predates` tells the service when it is
+  about an earlier incarnation than the live one, which the service must not count lost.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class Generations:
     # whichever incarnation registers).
     _incarnations: dict[str, int | None] = field(init=False)
     _asking: dict[str, int] = field(init=False, default_factory=dict)
+    # Each task's live incarnation and the generation current when it registered.
+    _registered_in: dict[str, tuple[int, int]] = field(init=False, default_factory=dict)
     _below: str = field(init=False, default="")
     _gone: tuple[str, ...] = field(init=False, default=())
 
@@ -120,6 +125,26 @@ class Generations:
         if self.generation > after and self._is_member(task, incarnation):
             return Answer(Status.FORMED, self.generation, self.members)
         return Answer(Status.WAITING, self.generation, self.members)
+
+    def registered(self, task: str, incarnation: int) -> None:
+        """The coordination service saw ``task`` register ``incarnation`` (anew, or again)."""
+        known = self._registered_in.get(task)
+        if known is None or known[0] != incarnation:
+            self._registered_in[task] = (incarnation, self.generation)
+
+    def predates(self, task: str, incarnation: int | None, found_in: int) -> bool:
+        """News of ``task``'s loss or failure, found in generation ``found_in`` (0: not known),
+        is about an earlier incarnation than the live one, ``incarnation`` (None: none is
+        live): it was found no later than the generation current when that incarnation
+        registered (no group of then held it), or before the current generation, of which
+        that incarnation is a member (it was counted alive when that one formed)."""
+        if found_in <= 0 or incarnation is None:
+            return False
+        known = self._registered_in.get(task)
+        if known is not None and known[0] == incarnation and found_in <= known[1]:
+            return True
+        return (found_in < self.generation and task in self.members
+                and self._is_member(task, incarnation))
 
     def _is_member(self, task: str, incarnation: int) -> bool:
         if task not in self._incarnations:

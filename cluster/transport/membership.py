@@ -64,7 +64,10 @@ class Event:
     error_type: str = ""
     message: str = ""
     exit_code: int = 0
-    generation: int = 0  # ABORTED: the elastic generation of the aborted group (0: none)
+    # The elastic generation (0: not elastic). ABORTED: the aborted group's; LOST and FAILED:
+    # the one the loss or failure was found in (a task in a later generation that took the
+    # task back knows the news stale: cluster._losses).
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,10 +227,12 @@ class Membership:
         return tuple(task for task, member, _ in self._silent(now)
                      if member.answered is None or now - member.answered >= REPROBE_PERIOD)
 
-    def expire(self, now: float, answering: Container[str] = ()) -> list[Event]:
+    def expire(self, now: float, answering: Container[str] = (),
+               generation: int = 0) -> list[Event]:
         """Declare lost every silent task (see :meth:`suspects`) unless its host is among
         ``answering`` (or answered within :data:`REPROBE_PERIOD`) and it has been silent for at
-        most ``stall_timeout``; those are stalled. Returns the new ``LOST`` events."""
+        most ``stall_timeout``; those are stalled. Returns the new ``LOST`` events, found in
+        elastic ``generation`` (the current one)."""
         found = []
         for task, member, silent in self._silent(now):
             if self.stall_timeout is not None and silent <= max(self.stall_timeout,
@@ -246,7 +251,7 @@ class Membership:
                 why += f": stalled (its host answers) beyond {self.stall_timeout:g} s"
             else:
                 why += ": stalled, then its address stopped answering"
-            event = Event(EventKind.LOST, task, message=why)
+            event = Event(EventKind.LOST, task, message=why, generation=generation)
             member.lost = True
             self._events.append(event)
             found.append(event)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cluster.task_source import complete_tf_config
-from cluster.testing.pods import ManifestError, expand, go_json
+from cluster.testing.pods import ManifestError, PodResult, describe, expand, go_json
 from tests.kubernetes._render import render
 
 pytestmark = pytest.mark.timeout(30)
@@ -128,3 +128,11 @@ spec:
 def test_objects_the_harness_cannot_run_faithfully_are_refused(text, message) -> None:
     with pytest.raises(ManifestError, match=message):
         expand(text)
+
+
+def test_describe_names_every_pods_exit_and_shows_the_end_of_each_failed_ones_output() -> None:
+    ok = PodResult("p-0", "chief:0", 0, "step 1\nexact\n")
+    bad = PodResult("p-1", "worker:0", 1, "".join(f"line {i}\n" for i in range(30)))
+    text = describe({"p-0": ok, "p-1": bad}, tail=3)
+    assert text.splitlines()[0] == "p-0 (chief:0): 0; p-1 (worker:0): 1"
+    assert text.splitlines()[1:] == ["--- p-1, last lines:", "line 27", "line 28", "line 29"]

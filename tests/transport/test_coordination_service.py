@@ -22,6 +22,7 @@ from cluster.transport.coordination import (
     CoordinationService,
     cluster_digest,
 )
+from cluster.transport.generations import Status
 from cluster.transport.membership import Event, EventKind
 from cluster.transport.server import TaskServer
 
@@ -40,13 +41,13 @@ SLACK = 5.0  # s: generous upper bounds; the lower bounds are exact
 class Cluster:
     """A service on a TaskServer and one client per task, all in this process."""
 
-    def __init__(self, tasks: list[str] = TASKS) -> None:
+    def __init__(self, tasks: list[str] = TASKS, elastic: tuple[int, int] | None = None) -> None:
         self.tasks = tasks
         self.addresses = {t: f"127.0.0.1:{30000 + i}" for i, t in enumerate(tasks)}
         self.digest = cluster_digest(list(self.addresses.items()))
         self.server = TaskServer("127.0.0.1:0", TOKEN)
         self.service = CoordinationService(tasks[0], tasks, self.digest, interval=INTERVAL,
-                                           timeout=TIMEOUT)
+                                           timeout=TIMEOUT, elastic=elastic, group=tasks)
         self.server.add_handlers(SERVICE, self.service.handlers())
         self.server.start()
         self.service.start()
@@ -54,11 +55,13 @@ class Cluster:
         self.lost: dict[str, queue.Queue[tuple[float, PeerUnavailableError]]] = {}
         self.clients: dict[str, CoordinationClient] = {}
 
-    def client(self, task: str, digest: bytes | None = None) -> CoordinationClient:
+    def client(self, task: str, digest: bytes | None = None,
+               incarnation: int | None = None) -> CoordinationClient:
         events: queue.Queue = queue.Queue()
         lost: queue.Queue = queue.Queue()
         client = CoordinationClient(
-            task, incarnation=hash(task) & 0xFFFF, coordinator=(self.tasks[0], self.server.address),
+            task, incarnation=hash(task) & 0xFFFF if incarnation is None else incarnation,
+            coordinator=(self.tasks[0], self.server.address),
             digest=self.digest if digest is None else digest, token=TOKEN, interval=INTERVAL,
             timeout=TIMEOUT, on_event=lambda e: events.put((time.monotonic(), e)),
             on_coordinator_lost=lambda e: lost.put((time.monotonic(), e)))
@@ -166,6 +169,48 @@ def test_the_hosting_task_hears_new_events_from_the_service_itself(cluster) -> N
     lost_host = Event(EventKind.LOST, "chief:0", reporter="worker:0")
     assert cluster.clients["worker:0"].report(lost_host, Deadline.after(5))
     assert heard.empty()  # neither a repeat nor news about the hosting task itself
+
+
+def _regroup(cluster: Cluster, tasks: list[str], after: int) -> int:
+    """Every one of ``tasks`` asks for the generation after ``after``; returns the one formed."""
+    for task in tasks:
+        cluster.clients[task].regroup(after, enlist=True, deadline=Deadline.after(5), wait=False)
+    answer = cluster.clients[tasks[0]].regroup(after, enlist=True, deadline=Deadline.after(5))
+    assert answer.status is Status.FORMED, answer
+    return answer.generation
+
+
+def test_a_late_report_of_a_replaced_tasks_loss_does_not_lose_its_replacement() -> None:
+    cluster = Cluster(elastic=(2, 4))
+    try:
+        cluster.join_all()
+        assert _regroup(cluster, TASKS, 0) == 1
+        survivors = ["chief:0", "worker:0", "worker:2"]
+        found = Event(EventKind.LOST, "worker:1", reporter="chief:0", generation=1)
+        cluster.clients.pop("worker:1").close(leave=False)  # it died
+        assert cluster.clients["chief:0"].report(found, Deadline.after(5))
+        assert _regroup(cluster, survivors, 1) == 2
+        for task in survivors:  # the loss reached everyone
+            assert _next(cluster.events[task], SLACK)[1].task == "worker:1"
+        replacement = cluster.client("worker:1", incarnation=7)
+        replacement.register(Deadline.after(5))
+        replacement.start()
+        # worker:0 found the old worker:1 lost in generation 1; its report comes only now.
+        late = Event(EventKind.LOST, "worker:1", reporter="worker:0", generation=1)
+        assert cluster.clients["worker:0"].report(late, Deadline.after(5))
+        answer = replacement.regroup(0, enlist=True, deadline=Deadline.after(5), wait=False)
+        assert answer.status is Status.WAITING, answer  # not REFUSED: not counted lost
+        assert _regroup(cluster, survivors, 2) == 3
+        assert replacement.regroup(0, enlist=True, deadline=Deadline.after(5)).members == \
+            tuple(TASKS)
+        time.sleep(4 * INTERVAL)  # several beats: nobody heard of a second loss
+        assert all(cluster.events[t].empty() for t in TASKS)
+        # A loss found in generation 3 is news: the replacement is lost now.
+        now = Event(EventKind.LOST, "worker:1", reporter="worker:0", generation=3)
+        assert cluster.clients["worker:0"].report(now, Deadline.after(5))
+        assert _next(cluster.events["chief:0"], SLACK)[1] == now
+    finally:
+        cluster.close()
 
 
 def test_a_preemption_notice_reaches_every_task_and_the_host_at_once(cluster) -> None:

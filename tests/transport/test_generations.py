@@ -153,6 +153,60 @@ def test_nobody_asking_forms_nothing() -> None:
     assert ask(gens, world, "worker:2", 0, enlist=False).status is Status.WAITING
 
 
+def _replaced_worker_1(registered_before_regroup: bool):
+    """Generation 1 of TASKS; worker:1 dies and its replacement (incarnation 7) registers,
+    before or after the survivors formed generation 2."""
+    world, gens = World(), Generations(TASKS, 2, 4)
+    for t in TASKS:
+        gens.registered(t, 1)
+    form_first(gens, world)
+    world.lose("worker:1")
+    if registered_before_regroup:
+        world.restart("worker:1", 7)
+        gens.registered("worker:1", 7)
+    for t in ("chief:0", "worker:0", "worker:2"):
+        ask(gens, world, t, 1)
+    assert gens.generation == 2
+    if not registered_before_regroup:
+        world.restart("worker:1", 7)
+        gens.registered("worker:1", 7)
+    return world, gens
+
+
+@pytest.mark.parametrize("registered_before_regroup", [True, False])
+def test_news_of_a_loss_found_before_the_replacement_registered_predates_it(
+        registered_before_regroup) -> None:
+    world, gens = _replaced_worker_1(registered_before_regroup)
+    # A survivor's report from generation 1, arriving late: about the dead incarnation.
+    assert gens.predates("worker:1", 7, found_in=1)
+    ask(gens, world, "worker:1", 0)  # the replacement enlists; the members take it in
+    for t in ("chief:0", "worker:0", "worker:2"):
+        ask(gens, world, t, 2)
+    assert (gens.generation, gens.members) == (3, TASKS)
+    assert gens.predates("worker:1", 7, found_in=1)
+    # Found in a group that held the replacement: about it.
+    assert not gens.predates("worker:1", 7, found_in=3)
+    assert not gens.predates("worker:1", 7, found_in=4)
+
+
+def test_news_from_an_older_generation_about_a_member_of_the_current_one_is_stale() -> None:
+    world, gens = World(), Generations(TASKS, 2, 4)
+    form_first(gens, world)
+    for t in TASKS:  # everyone regroups (a joiner's commit): generation 2, same incarnations
+        ask(gens, world, t, 1)
+    assert gens.generation == 2
+    # worker:0's connection to worker:1 broke as generation 1 closed: worker:1 lived on.
+    assert gens.predates("worker:1", 1, found_in=1)
+    assert not gens.predates("worker:1", 1, found_in=2)
+
+
+def test_news_without_a_generation_or_about_a_task_not_live_is_always_news() -> None:
+    world, gens = _replaced_worker_1(registered_before_regroup=False)
+    assert not gens.predates("worker:1", 7, found_in=0)  # not elastic, or not known
+    assert not gens.predates("worker:1", None, found_in=1)  # the service decides: not live
+    assert not gens.predates("worker:2", 1, found_in=2)  # found in the current generation
+
+
 @pytest.mark.parametrize(("low", "high"), [(0, 2), (3, 2)])
 def test_bounds_are_checked(low, high) -> None:
     with pytest.raises(ValueError, match="1 <= min <= max"):

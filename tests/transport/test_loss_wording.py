@@ -79,6 +79,6 @@ def test_a_lost_event_says_who_found_the_loss(reporter, message, why) -> None:
     from cluster.transport.membership import Event, EventKind
 
     told: list[tuple[str, str]] = []
-    runtime = SimpleNamespace(_on_peer_lost=lambda task, why: told.append((task, why)))
+    runtime = SimpleNamespace(_on_peer_lost=lambda task, why, found_in: told.append((task, why)))
     TaskRuntime._on_event(runtime, Event(EventKind.LOST, "worker:2", reporter, message=message))
     assert told == [("worker:2", why)]

@@ -43,6 +43,15 @@ def test_a_task_silent_for_longer_than_the_timeout_is_lost(beats, now, lost) -> 
     assert m.expire(now + 200) == []
 
 
+def test_a_loss_the_service_finds_carries_the_generation_it_was_found_in() -> None:
+    m = _joined()
+    m.heartbeat("chief:0", 100, 0, now=4.0)
+    m.heartbeat("worker:0", 101, 0, now=4.0)
+    events = m.expire(6.0, generation=3)  # worker:1 silent for 6 s
+    assert [(e.task, e.generation) for e in events] == [("worker:1", 3)]
+    assert m.events == tuple(events)
+
+
 def test_unregistered_tasks_are_never_declared_lost() -> None:
     m = Membership(TASKS, timeout=1.0)
     m.register("chief:0", 1, now=0.0)
