@@ -58,6 +58,7 @@ from cluster.errors import (
 )
 from cluster.settings import DATA_PLANES, ENV_DATA_PLANE
 from cluster.transport import _malloc
+from cluster.transport._aborts import Aborts, lost_cause
 from cluster.transport._closing import close_channels
 from cluster.transport._grpc_errors import fails_at_connect, spec_mismatch, status_name, translate
 from cluster.transport._grpc_plane import MAX_FRAME_BYTES, GrpcDataPlane
@@ -123,7 +124,6 @@ class NetworkTransport(Transport):
         self._mailbox = Mailbox(lambda r: str(self._peers[r]))
         self._departed: set[int] = set()
         self._lost: set[int] = set()  # peers found or told lost: nothing more is sent to them
-        self._told_peers = False  # abort() or close() told every peer why this group failed
         self._lazy = lazy
         self._route_timeout = route_timeout
         self._on_peer_lost = on_peer_lost
@@ -133,6 +133,7 @@ class NetworkTransport(Transport):
         self._channels_lock = threading.Lock()
         self._failed_event = threading.Event()  # wakes a route's Hello retries on a failure
         self._channels: dict[int, grpc.Channel] = {}
+        self._aborts = Aborts(self._me, token, generation, self._channel_list)
         self._monitor: HeartbeatMonitor | None = None
         self._routes: dict[int, DataPlane] = {}  # the plane each peer is sent to on
         self._grpc = GrpcDataPlane(
@@ -231,6 +232,10 @@ class NetworkTransport(Transport):
                 channel = self._channels[rank] = open_channel(
                     self._peers[rank].address, CHANNEL_OPTIONS, self.token.tls)
             return channel
+
+    def _channel_list(self) -> list[tuple[int, grpc.Channel]]:
+        with self._channels_lock:
+            return list(self._channels.items())
 
     def _close_raise(self, error: ClusterError) -> NoReturn:
         """Eager set-up gives up: the transport is unusable."""
@@ -485,41 +490,9 @@ class NetworkTransport(Transport):
             f"{peer} is unavailable, as {task} found: {_reason(peer, reason)}",
             task=peer.task, address=peer.address))
 
-    def _tell_peers(self, request: collective_pb2.AbortRequest, timeout: float,
-                    skip: frozenset[int] = frozenset()) -> list[grpc.Future]:
-        """Start an Abort call to every peer not in ``skip``; the caller waits on them."""
-        self._told_peers = True
-        calls = []
-        with self._channels_lock:
-            channels = list(self._channels.items())
-        for rank, channel in channels:
-            if rank in skip:
-                continue
-            method = channel.unary_unary(
-                f"/{SERVICE}/Abort",
-                request_serializer=collective_pb2.AbortRequest.SerializeToString,
-                response_deserializer=collective_pb2.AbortReply.FromString,
-            )
-            calls.append(method.future(request, timeout=timeout, metadata=self.token.metadata))
-        return calls
-
-    @staticmethod
-    def _wait_told(calls: list[grpc.Future]) -> None:
-        for call in calls:
-            try:
-                call.result()
-            except grpc.RpcError:
-                pass  # a peer that is gone cannot be told; its own detection covers it
-
     def _lost_cause(self) -> PeerInfo | None:
         """The peer whose death failed this rank's group, if that is why it failed."""
-        error = self._mailbox.error
-        if not isinstance(error, PeerUnavailableError):
-            return None
-        lost = next((p for p in self._peers if p.task == error.task), None)
-        if lost is None or lost.rank in self._departed or lost.rank == self.rank:
-            return None  # departed: it left, nobody died
-        return lost
+        return lost_cause(self._mailbox.error, self._peers, self._departed, self.rank)
 
     def _pass_on_loss(self, deadline: Deadline, lost: PeerInfo | None) -> None:
         """Before this rank's goodbye: if its group failed because ``lost`` died, tell the
@@ -530,18 +503,11 @@ class NetworkTransport(Transport):
         group has failed, so every peer that answers holds the root cause before the goodbye;
         the goodbye (on either plane) names ``lost`` too, so a late ack changes nothing there.
         """
-        if self._told_peers or lost is None:
+        if self._aborts.told or lost is None:
             return
         timeout = max(min(deadline.remaining(), 2.0), 0.05)
-        self._wait_told(self._tell_peers(self._loss_request(lost), timeout,
-                                         skip=frozenset({*self._lost, *self._departed})))
-
-    def _loss_request(self, lost: PeerInfo) -> collective_pb2.AbortRequest:
-        """The Abort that tells a peer this rank's group failed because ``lost`` died: the
-        receiver fails naming ``lost`` (``lost_by_peer``), so its own goodbye names it too."""
-        return collective_pb2.AbortRequest(task=self._me.task, reason=str(self._mailbox.error),
-                                           lost_task=lost.task, lost_address=lost.address,
-                                           generation=self.generation)
+        Aborts.wait(self._aborts.start(self._aborts.loss(lost, str(self._mailbox.error)), timeout,
+                                       skip=frozenset({*self._lost, *self._departed})))
 
     @property
     def failed(self) -> bool:
@@ -559,19 +525,18 @@ class NetworkTransport(Transport):
         if self.closed:
             return
         lost = self._lost_cause()
-        request = (self._loss_request(lost) if lost is not None
-                   else collective_pb2.AbortRequest(task=self._me.task, reason=reason,
-                                                    generation=self.generation))
+        request = (self._aborts.loss(lost, str(self._mailbox.error)) if lost is not None
+                   else self._aborts.bare(reason))
         timeout = self._abort_timeout if deadline is None else max(deadline.remaining(), 0.05)
         # Lazy: only the peers this rank talked to.
-        calls = self._tell_peers(request, timeout, skip=frozenset(self._lost))
+        calls = self._aborts.start(request, timeout, skip=frozenset(self._lost))
         self._fail(CollectiveAbortedError(f"{self._me} aborted the group: {reason}",
                                           task=self._me.task))
         if self._on_abort is not None and lost is None:
             # And the caller tells the rest; a loss was told when it was found (a LOST event),
             # and an ABORTED one arriving first would fail a peer without naming who died.
             self._on_abort(reason)
-        self._wait_told(calls)
+        Aborts.wait(calls)
 
     def check(self) -> None:
         self._mailbox.check()

@@ -11,8 +11,8 @@ import pytest
 from cluster.deadline import Deadline
 from cluster.errors import PeerUnavailableError
 from cluster.testing import run_group
+from cluster.transport._aborts import Aborts
 from cluster.transport.api import MessageKey
-from cluster.transport.network import NetworkTransport
 
 from .conftest import NetworkGroup
 
@@ -104,7 +104,7 @@ def test_a_goodbye_names_the_lost_task_even_when_the_abort_is_not_heard(plane,
     # Under load the Abort that passes the loss on can be acknowledged too late (or not at all):
     # the goodbye itself (TCP's goodbye frame, the gRPC stream's last frame) then names the task
     # that died, so the order does not matter.
-    monkeypatch.setattr(NetworkTransport, "_tell_peers", lambda self, *a, **k: [])
+    monkeypatch.setattr(Aborts, "start", lambda self, *a, **k: [])
     group = NetworkGroup(3, data_plane=plane)
     try:
         a, b, _ = group.transports
@@ -127,8 +127,8 @@ def test_a_rank_told_of_a_loss_by_an_abort_passes_the_loss_on(plane) -> None:
     group = NetworkGroup(4, data_plane=plane)
     try:
         a, b, c, _ = group.transports
-        told = c._tell_peers
-        c._tell_peers = lambda request, timeout, skip=frozenset(): told(  # type: ignore[method-assign]
+        told = c._aborts.start
+        c._aborts.start = lambda request, timeout, skip=frozenset(): told(  # type: ignore[method-assign]
             request, timeout, skip | {0})
         c._peer_lost_by_rank(3, "its data connection broke")
         c.abort("all_reduce #1 of group 'default' on worker:2 failed: PeerUnavailableError: "
