@@ -35,6 +35,7 @@ __all__ = [
     "is_exhausted",
     "is_unimplemented",
     "is_unauthenticated",
+    "left_the_group",
     "spec_mismatch",
     "status_name",
     "translate",
@@ -104,6 +105,12 @@ def fails_at_connect(error: BaseException) -> bool:
     """A Hello or registration failure that retrying cannot cure (wrong token, another
     cluster spec)."""
     return _code(error) in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def left_the_group(error: BaseException) -> bool:
+    """A Hello the peer answered with ABORTED: it has left the group the caller is in (see
+    :mod:`~cluster.transport.endpoint`); waiting for it is pointless."""
+    return _code(error) == grpc.StatusCode.ABORTED
 
 
 def spec_mismatch(message: str) -> ClusterSpecMismatchError:

@@ -17,9 +17,12 @@ receives from then on:
   transport's.
 
 Calls that arrive before a transport is attached (or after it closed) get UNAVAILABLE and are
-retried by the caller's ``connect``. Malformed frames (bad encoding, another rank's, a gap, an
-impossible size) get INVALID_ARGUMENT and end that stream. Every call has passed
-the token interceptor before any of this runs.
+retried by the caller's ``connect``; but a ``Hello`` for a group this task has left (its
+transport closed: the script ended, the group failed, or an elastic generation no newer than
+the closed one) gets ABORTED, and the caller's group fails at once naming this task, where it
+would otherwise wait out its route timeout for a rank that is never coming back. Malformed
+frames (bad encoding, another rank's, a gap, an impossible size) get INVALID_ARGUMENT and end
+that stream. Every call has passed the token interceptor before any of this runs.
 """
 
 from __future__ import annotations
@@ -143,6 +146,11 @@ class CollectiveEndpoint:
         return transport
 
     def _hello(self, request, context):
+        left = self._transport
+        if left is not None and left.closed and request.generation <= left.generation:
+            context.abort(grpc.StatusCode.ABORTED,
+                          f"{self.task} left the group (closed its transport"
+                          f"{f' of generation {left.generation}' if left.generation else ''})")
         transport = self._attached(context)
         problem = transport.hello_problem(request)
         if problem:

@@ -60,7 +60,13 @@ from cluster.settings import DATA_PLANES, ENV_DATA_PLANE
 from cluster.transport import _malloc
 from cluster.transport._aborts import Aborts, lost_cause
 from cluster.transport._closing import close_channels
-from cluster.transport._grpc_errors import fails_at_connect, spec_mismatch, status_name, translate
+from cluster.transport._grpc_errors import (
+    fails_at_connect,
+    left_the_group,
+    spec_mismatch,
+    status_name,
+    translate,
+)
 from cluster.transport._grpc_plane import MAX_FRAME_BYTES, GrpcDataPlane
 from cluster.transport._mailbox import Mailbox
 from cluster.transport._pb import collective_pb2
@@ -280,6 +286,13 @@ class NetworkTransport(Transport):
                 except grpc.RpcError as e:
                     if fails_at_connect(e):
                         self._fail_raise(translate(e, peer, "connect"))
+                    if left_the_group(e):
+                        # Departed, not lost: this rank's abort then tells the whole group
+                        # (nobody died, so no LOST event will).
+                        self.peer_departed(dst)
+                        self._fail_raise(PeerUnavailableError(
+                            f"{peer} left the group (closed its transport) before this rank's "
+                            "first message to it", task=peer.task, address=peer.address))
                     status = status_name(e)
                 except ClusterSpecMismatchError as e:
                     self._fail_raise(e)
