@@ -9,10 +9,12 @@ import os
 import select
 import sys
 
+# Open before drawing: once the test sees the bar, a reader holds the FIFO, and its
+# non-blocking open for writing cannot fail (ENXIO) on loaded cores.
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
 for i in (1, 2):
     sys.stdout.write(f"\rstep {i}/3 |{'#' * i}{' ' * (3 - i)}|")
     sys.stdout.flush()
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # the test opens it for writing later
 ready, _, _ = select.select([fd], [], [], 60.0)
 sys.stdout.write("\rstep 3/3 |###|\n")
 print("released" if ready else "never released", flush=True)
