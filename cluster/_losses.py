@@ -48,16 +48,12 @@ class Losses:
             for task in self._members:
                 self._why.pop(task, None)
 
-    def stale(self, task: str, found_in: int) -> bool:
-        """News of ``task``'s loss found in generation ``found_in`` is about an incarnation the
-        group has re-admitted since (see the module docstring)."""
-        return 0 < found_in < self._generation and task in self._members
-
     def record(self, task: str, why: str, found_in: int = 0) -> bool:
-        """Note ``task`` lost (the first reason stays); False, noting nothing, when the news is
-        stale."""
+        """Note ``task`` lost, as found in generation ``found_in`` (the first reason stays);
+        False, noting nothing, when the news is stale: found before the generation this task
+        opened, about a member of it (see the module docstring)."""
         with self._lock:
-            if self.stale(task, found_in):
+            if 0 < found_in < self._generation and task in self._members:
                 return False
             self._why.setdefault(task, why)
             return True
